@@ -1,0 +1,12 @@
+"""Imported by a ``.pth`` line in every interpreter of the environment; inert unless asked.
+
+``EAGLEBOX_CAPTURE_DIR`` set -> install the capture hook (``eaglebox.capture.hook``). Nothing else
+is imported here, so ordinary Python processes pay nothing.
+"""
+
+import os
+
+if os.environ.get("EAGLEBOX_CAPTURE_DIR"):
+    from eaglebox.capture.hook import install_import_hook
+
+    install_import_hook()

@@ -1,0 +1,49 @@
+"""The capture spec: everything that determines the features, recorded in every shard and manifest."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+from pathlib import Path
+
+from eaglebox.config import Config
+from eaglebox.engine.launch import sglang_layer_ids, target_config
+from eaglebox.layers import SGLANG_CONVENTION, convert_layer_ids
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def engine_version() -> str:
+    """The installed SGLang's version, read from package metadata (importing SGLang takes seconds)."""
+    try:
+        return importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError:
+        return "not-installed"
+
+
+def target_dtype(cfg: Config) -> str:
+    if cfg.model.dtype != "auto":
+        return cfg.model.dtype
+    hf = target_config(cfg)
+    return str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16")
+
+
+def capture_spec(cfg: Config) -> dict:
+    hf = target_config(cfg)
+    text = hf.get("text_config", hf)
+    ids = sglang_layer_ids(cfg)
+    dtype = target_dtype(cfg)
+    return {
+        "engine": "sglang",
+        "engine_version": engine_version(),
+        "layer_ids": ids,
+        "convention": SGLANG_CONVENTION,
+        "captured_layer_inputs": convert_layer_ids(ids, SGLANG_CONVENTION, "input_of_layer"),
+        "hidden_size": int(text["hidden_size"]),
+        "num_layers": int(text["num_hidden_layers"]),
+        "dtype": dtype,
+        "dtype_bytes": DTYPE_BYTES[dtype],
+        "quantization": cfg.model.quantization,
+        "tp": cfg.model.tp,
+        "target_config_sha256": hashlib.sha256((Path(cfg.model.path) / "config.json").read_bytes()).hexdigest(),
+    }

@@ -1,0 +1,150 @@
+"""The one typed schema for the whole loop: extract -> train -> export -> serve -> bench.
+
+Unknown keys are errors everywhere (``extra="forbid"``). The ``engine`` section is shared by
+extraction and serving on purpose: hidden states must be captured by the same build and flags that
+will serve the draft ("train as you infer").
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from eaglebox.layers import CONVENTIONS, Convention
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(Section):
+    path: Path
+    """HF-style directory of the target (config.json, tokenizer, safetensors)."""
+    tp: int = Field(1, ge=1)
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
+    quantization: str | None = None
+    """Passed to SGLang as --quantization; None lets SGLang read it from the checkpoint."""
+
+
+class CaptureConfig(Section):
+    layer_ids: list[int] | None = None
+    """Aux layers; None derives the EAGLE-3 default from the target's layer count."""
+    convention: Convention = "output_of_layer"
+    """How ``layer_ids`` are named: output_of_layer (SGLang) or input_of_layer (vLLM, EAGLE ref)."""
+
+    @model_validator(mode="after")
+    def _known_convention(self) -> CaptureConfig:
+        if self.convention not in CONVENTIONS:
+            raise ValueError(f"convention must be one of {CONVENTIONS}")
+        return self
+
+
+class EngineConfig(Section):
+    """SGLang launch settings shared by extraction and serving."""
+
+    device: Literal["cuda", "cpu"] = "cuda"
+    host: str = "127.0.0.1"
+    port: int = Field(30000, ge=1, le=65535)
+    attention_backend: str | None = None
+    """None lets SGLang choose; SM120 presets name one explicitly."""
+    moe_runner_backend: str | None = None
+    mem_fraction_static: float | None = Field(None, gt=0, le=1)
+    max_total_tokens: int | None = Field(None, ge=1)
+    chunked_prefill_size: int | None = None
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+    startup_timeout_s: float = Field(900, gt=0)
+
+
+class ExtractConfig(Section):
+    dataset: Path | None = None
+    format: Literal["auto", "sharegpt", "messages", "text"] = "auto"
+    output_dir: Path = Path("runs/shards")
+    max_length: int = Field(2048, ge=2)
+    concurrency: int = Field(4, ge=1)
+    shard_size: int = Field(256, ge=1)
+    """Samples per shard file."""
+    chat_template: Path | None = None
+    """A Jinja file; None uses the tokenizer's own template."""
+    on_bad_row: Literal["error", "skip"] = "error"
+    max_samples: int | None = Field(None, ge=1)
+    regenerate: bool = False
+    """Replace assistant turns by the target's own greedy answers before capture."""
+    regenerate_max_new_tokens: int = Field(256, ge=1)
+    max_retries: int = Field(5, ge=0)
+    retry_backoff_s: float = Field(1.0, ge=0)
+    writer_queue: int = Field(8, ge=1)
+    """Batches the server-side writer may hold before the scheduler waits (bounds memory)."""
+
+
+class DraftConfig(Section):
+    """Draft shape overrides; None takes the target's value."""
+
+    intermediate_size: int | None = None
+    num_attention_heads: int | None = None
+    num_key_value_heads: int | None = None
+    draft_vocab_size: int = Field(32000, ge=1)
+
+
+class TrainConfig(Section):
+    output_dir: Path = Path("runs/train")
+    draft: DraftConfig = DraftConfig()
+    lr: float = Field(1e-4, gt=0)
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(0, ge=0)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(0.5, gt=0)
+    epochs: int = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1)
+    batch_size: int = Field(1, ge=1)
+    """Samples per rank per step."""
+    max_length: int = Field(2048, ge=2)
+    ttt_length: int = Field(7, ge=1)
+    loss_decay: float = Field(0.8, gt=0, le=1)
+    seed: int = 0
+    dtype: Literal["bfloat16", "float32"] = "bfloat16"
+    parallel: Literal["ddp", "fsdp2"] = "ddp"
+    checkpoint_every: int = Field(200, ge=1)
+    keep_checkpoints: int = Field(2, ge=1)
+    log_every: int = Field(10, ge=1)
+    holdout_fraction: float = Field(0.0, ge=0, lt=1)
+
+
+class ServeConfig(Section):
+    draft_path: Path | None = None
+    """Exported draft directory; None serves the target alone."""
+    num_steps: int = Field(3, ge=1)
+    eagle_topk: int = Field(1, ge=1)
+    num_draft_tokens: int = Field(4, ge=2)
+    draft_attention_backend: str | None = None
+    draft_quantization: str = "unquant"
+    allow_provenance_mismatch: bool = False
+
+
+class BenchConfig(Section):
+    prompts: Path | None = None
+    """Held-out prompts (same dataset formats as extract); None takes extract's dataset tail."""
+    num_prompts: int = Field(32, ge=1)
+    max_new_tokens: int = Field(128, ge=1)
+    concurrency: list[int] = [1, 8]
+    min_accept_length: float | None = None
+    output_dir: Path = Path("runs/bench")
+
+
+class ImageConfig(Section):
+    name: str = "eaglebox"
+    tag: str = "0.1.0"
+    base_image: str | None = None
+
+
+class Config(Section):
+    model: ModelConfig
+    capture: CaptureConfig = CaptureConfig()
+    engine: EngineConfig = EngineConfig()
+    extract: ExtractConfig = ExtractConfig()
+    train: TrainConfig = TrainConfig()
+    serve: ServeConfig = ServeConfig()
+    bench: BenchConfig = BenchConfig()
+    image: ImageConfig = ImageConfig()

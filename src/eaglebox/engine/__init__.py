@@ -1,0 +1,1 @@
+"""SGLang as eaglebox runs it: the pinned version, launch arguments, the server process, CPU support."""

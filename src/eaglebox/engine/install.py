@@ -1,0 +1,42 @@
+"""Activate eaglebox inside an SGLang environment: ``python -m eaglebox.engine.install [--cpu]``.
+
+SGLang starts its scheduler with multiprocessing ``spawn``, so a patch made in the launching process
+never reaches the process that runs the model. A ``.pth`` file in site-packages runs in every
+interpreter of the environment: one imports the capture hook (inert unless ``EAGLEBOX_CAPTURE_DIR``
+is set), and with ``--cpu`` another puts the ``sgl_kernel`` stand-in on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import sysconfig
+from pathlib import Path
+
+CAPTURE_PTH = "eaglebox_capture.pth"
+CPU_PTH = "eaglebox_cpu_shim.pth"
+SHIM_DIR = Path(__file__).parent / "cpu_shim"
+
+
+def install(cpu: bool, site: Path | None = None) -> list[Path]:
+    site = Path(site or sysconfig.get_paths()["purelib"])
+    written = [site / CAPTURE_PTH]
+    written[0].write_text("import eaglebox.capture.activate\n")
+    if cpu:
+        spec = importlib.util.find_spec("sgl_kernel")
+        if spec is not None and not str(spec.origin).startswith(str(SHIM_DIR)):
+            raise SystemExit(f"a real sgl_kernel is installed at {spec.origin}; the CPU stand-in would shadow it")
+        (site / CPU_PTH).write_text(f"{SHIM_DIR}\n")
+        written.append(site / CPU_PTH)
+    return written
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--cpu", action="store_true", help="also install the sgl_kernel CPU stand-in")
+    for path in install(p.parse_args().cpu):
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

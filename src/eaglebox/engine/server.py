@@ -1,0 +1,112 @@
+"""Start an SGLang server as a subprocess, wait for /health, stream its log to a file, always stop it.
+
+The server runs in its own process group (it forks a scheduler and a detokenizer), so stopping it
+kills the whole group: no orphan keeps a port or a core after a test or a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import requests
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+class SGLangServer:
+    """``with SGLangServer(args, env, log) as srv: requests.post(srv.url + "/generate", ...)``.
+
+    Start it from the main thread: the kernel's parent-death signal follows the starting thread.
+    """
+
+    def __init__(self, args: list[str], *, env: dict[str, str], log_path: Path, host: str, port: int,
+                 startup_timeout_s: float = 900):
+        self.args = args
+        self.env = env
+        self.log_path = Path(log_path)
+        self.url = f"http://{host}:{port}"
+        self.startup_timeout_s = startup_timeout_s
+        self.proc: subprocess.Popen | None = None
+        self.startup_s: float | None = None
+
+    def start(self) -> SGLangServer:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        if _healthy(self.url):
+            raise ServerError(f"something already answers on {self.url}; stop it or choose another engine.port")
+        log = open(self.log_path, "ab")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang.launch_server", *self.args],
+            env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
+        log.close()
+        try:
+            while not _healthy(self.url):
+                if self.proc.poll() is not None:
+                    raise ServerError(f"SGLang exited with code {self.proc.returncode} before it was healthy; "
+                                      f"last lines of {self.log_path}:\n{tail(self.log_path)}")
+                if time.monotonic() - t0 > self.startup_timeout_s:
+                    raise ServerError(f"SGLang not healthy after {self.startup_timeout_s:.0f} s; "
+                                      f"see {self.log_path}:\n{tail(self.log_path)}")
+                time.sleep(0.5)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 20) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout_s)
+        except ProcessLookupError:
+            pass
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        finally:
+            try:  # children that outlived the leader
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc = None
+
+    def __enter__(self) -> SGLangServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _die_with_parent() -> None:
+    """Runs in the child before exec: if the process that started the server dies, even by kill -9,
+    the kernel kills the server (its own children follow: SGLang sets the same for them)."""
+    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def tail(path: Path, n: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no log)"

@@ -1,0 +1,274 @@
+"""The extraction client: data set -> verified capture requests -> shards, resumable by sample id.
+
+Order of work, and why:
+
+1. Read and tokenize the whole data set first. Bad rows fail (or are skipped) before anything is
+   written, and the token count gives the disk estimate, which is checked against free space.
+2. Plan: unique samples in data-set order, ``shard_size`` to a shard. The plan depends only on the
+   data and the capture spec, so an interrupted run resumes into the same shards, byte for byte.
+3. For each shard not yet in the manifest: capture the samples the staging folder lacks (the server
+   writes ``.staging/<sample_id>.safetensors``), verify every sample (rows == prompt tokens, echoed
+   ids == sent ids, tensor sha256), pack the shard, commit it in the manifest, delete its staging.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+from eaglebox.capture.sink import RID_PREFIX, tensor_sha256
+from eaglebox.errors import EagleboxError
+from eaglebox.extract.dataset import BadRow, read_rows, tokenize
+from eaglebox.shards.format import (
+    FORMAT,
+    Sample,
+    atomic_write_bytes,
+    encode_shard,
+    file_sha256,
+    load_manifest,
+    save_manifest,
+    shard_name,
+)
+
+STAGING = ".staging"
+
+
+class ExtractError(EagleboxError):
+    pass
+
+
+@dataclass
+class Planned:
+    id: str
+    line: int
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def sample_id(input_ids: list[int], spec: dict) -> str:
+    """Content address: the token ids plus the capture spec (layers, engine and its version)."""
+    h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+    h.update(torch.tensor(input_ids, dtype=torch.int64).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def bytes_per_token(hidden: int, n_aux: int, dtype_bytes: int) -> int:
+    """Shard bytes a token costs: aux (k*H) + last (H) in the target dtype, its id and mask byte."""
+    return (n_aux + 1) * hidden * dtype_bytes + 8 + 1
+
+
+def check_disk(out_dir: Path, tokens: int, bpt: int, staging_tokens: int) -> None:
+    probe = out_dir
+    while not probe.exists():
+        probe = probe.parent
+    need = (tokens + staging_tokens) * bpt
+    free = shutil.disk_usage(probe).free
+    if need > free:
+        raise ExtractError(
+            f"not enough disk at {probe}: the capture needs {need / 1e9:.2f} GB ({tokens:,} tokens x {bpt:,} "
+            f"bytes/token, plus one shard of staging), {free / 1e9:.2f} GB are free")
+
+
+class Client:
+    """HTTP calls to the capture server, with bounded retries and backoff."""
+
+    def __init__(self, url: str, max_retries: int, backoff_s: float, alive=lambda: True):
+        self.url, self.max_retries, self.backoff_s, self.alive = url, max_retries, backoff_s, alive
+        self.session = threading.local()
+
+    def post(self, path: str, body: dict, timeout: float = 600) -> dict:
+        sess = getattr(self.session, "s", None) or requests.Session()
+        self.session.s = sess
+        last = None
+        for attempt in range(self.max_retries + 1):
+            if not self.alive():
+                raise ExtractError(f"the SGLang server at {self.url} has exited")
+            try:
+                r = sess.post(self.url + path, json=body, timeout=timeout)
+                if r.status_code < 500:
+                    if r.status_code != 200:
+                        raise ExtractError(f"{path}: HTTP {r.status_code}: {r.text[:500]}")
+                    return r.json()
+                last = f"HTTP {r.status_code}: {r.text[:200]}"
+            except requests.RequestException as err:
+                last = f"{type(err).__name__}: {err}"
+            if attempt < self.max_retries:
+                time.sleep(self.backoff_s * 2**attempt)
+        raise ExtractError(f"{self.url}{path} failed after {self.max_retries + 1} tries; last error: {last}")
+
+
+def plan_samples(cfg, tokenizer, spec: dict, log=print) -> list[Planned]:
+    e = cfg.extract
+    template = Path(e.chat_template).read_text() if e.chat_template else None
+    planned, seen, skipped, dupes = [], set(), 0, 0
+    for row in read_rows(e.dataset, e.format):
+        if isinstance(row, BadRow):
+            if e.on_bad_row == "error":
+                raise ExtractError(f"{row} (set extract.on_bad_row=skip to skip such rows)")
+            log(f"skipping {row}")
+            skipped += 1
+            continue
+        try:
+            ids, mask = tokenize(row, tokenizer, template)
+        except ValueError as err:
+            raise ExtractError(f"{e.dataset}: line {row.line}: {err}") from err
+        if len(ids) > e.max_length:
+            bad = BadRow(Path(e.dataset), row.line, f"{len(ids)} tokens, over extract.max_length={e.max_length}")
+            if e.on_bad_row == "error":
+                raise ExtractError(f"{bad} (set extract.on_bad_row=skip to skip such rows)")
+            log(f"skipping {bad}")
+            skipped += 1
+            continue
+        if sum(mask) == 0:
+            log(f"skipping {e.dataset}: line {row.line}: no assistant token after tokenization")
+            skipped += 1
+            continue
+        sid = sample_id(ids, spec)
+        if sid in seen:
+            dupes += 1
+            continue
+        seen.add(sid)
+        planned.append(Planned(sid, row.line, ids, mask))
+        if e.max_samples and len(planned) >= e.max_samples:
+            break
+    if not planned:
+        raise ExtractError(f"{e.dataset}: no usable samples")
+    if skipped or dupes:
+        log(f"planned {len(planned)} samples; skipped {skipped} bad rows and {dupes} duplicates")
+    return planned
+
+
+def prepare(cfg, spec: dict, tokenizer, log=print) -> tuple[list[Planned], dict | None]:
+    """Everything that can fail before a server starts: data, resume state, disk budget."""
+    e = cfg.extract
+    out = Path(e.output_dir)
+    planned = plan_samples(cfg, tokenizer, spec, log)
+    manifest = load_manifest(out)
+    if manifest is not None and manifest["capture"] != spec:
+        raise ExtractError(
+            f"{out}: its shards were captured with {json.dumps(manifest['capture'], sort_keys=True)}, "
+            f"this run would capture with {json.dumps(spec, sort_keys=True)}; use another extract.output_dir")
+    bpt = bytes_per_token(spec["hidden_size"], len(spec["layer_ids"]), spec["dtype_bytes"])
+    shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
+    done = {s["file"]: s for s in (manifest or {}).get("shards", [])}
+    todo_tokens = sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) not in done for p in sh)
+    check_disk(out, todo_tokens, bpt, max(sum(len(p.input_ids) for p in sh) for sh in shards))
+    return planned, manifest
+
+
+def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dict | None, *,
+                alive=lambda: True, log=print) -> dict:
+    """Capture every planned sample into ``extract.output_dir``; returns the final manifest."""
+    e = cfg.extract
+    out = Path(e.output_dir)
+    shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
+    done = {s["file"]: s for s in (manifest or {}).get("shards", [])}
+    staging = out / STAGING
+    staging.mkdir(parents=True, exist_ok=True)
+    for tmp in staging.glob(".*.tmp"):  # a writer killed mid-file; its sample is captured again
+        tmp.unlink()
+    manifest = manifest or {"format": FORMAT, "capture": spec, "shards": []}
+    manifest["dataset"] = {"path": str(e.dataset), "sha256": file_sha256(Path(e.dataset))}
+    for name, entry in list(done.items()):  # a resumed run trusts only shards that still hash right
+        if not (out / name).exists() or file_sha256(out / name) != entry["sha256"]:
+            log(f"{out / name}: missing or damaged; it will be captured again")
+            manifest["shards"] = [s for s in manifest["shards"] if s["file"] != name]
+            del done[name]
+    client = Client(url, e.max_retries, e.retry_backoff_s, alive)
+    bar = tqdm(total=sum(len(p.input_ids) for p in planned), unit="tok", unit_scale=True, desc="extract", dynamic_ncols=True,
+               initial=sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) in done for p in sh))
+    with ThreadPoolExecutor(e.concurrency) as pool:
+        for index, shard in enumerate(shards):
+            name = shard_name(index)
+            if name in done:
+                continue
+            missing = [p for p in shard if not (staging / f"{p.id}.safetensors").exists()]
+            present = len(shard) - len(missing)
+            bar.update(sum(len(p.input_ids) for p in shard if p not in missing))
+            for p in pool.map(lambda p: capture_one(client, p, staging), missing):
+                bar.update(len(p.input_ids))
+            entry = commit_shard(out, index, shard, staging, spec)
+            manifest["shards"].append(entry)
+            manifest["shards"].sort(key=lambda s: s["file"])
+            manifest["samples"] = sum(len(s["samples"]) for s in manifest["shards"])
+            manifest["tokens"] = sum(r["rows"] for s in manifest["shards"] for r in s["samples"])
+            save_manifest(out, manifest)
+            for p in shard:
+                (staging / f"{p.id}.safetensors").unlink(missing_ok=True)
+            if present:
+                log(f"{name}: reused {present} staged samples")
+    bar.close()
+    shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def capture_one(client: Client, p: Planned, staging: Path, wait_s: float = 120) -> Planned:
+    rid = f"{RID_PREFIX}{p.id}-{uuid.uuid4().hex[:8]}"
+    body = {"input_ids": p.input_ids, "rid": rid, "return_hidden_states": True,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+    out = client.post("/generate", body)
+    meta = out.get("meta_info", {})
+    hs = meta.get("hidden_states") or []
+    if meta.get("prompt_tokens") != len(p.input_ids):
+        raise ExtractError(f"sample at line {p.line}: server saw {meta.get('prompt_tokens')} prompt tokens, "
+                           f"sent {len(p.input_ids)}")
+    if len(hs) != 1 or not isinstance(hs[0], dict) or hs[0].get("rows") != len(p.input_ids):
+        raise ExtractError(f"sample at line {p.line}: the server's capture answer {str(hs)[:300]} does not "
+                           f"cover {len(p.input_ids)} rows (is the eaglebox hook active, radix cache off?)")
+    path = staging / f"{p.id}.safetensors"
+    deadline = time.monotonic() + wait_s
+    while not path.exists():  # the server's writer thread renames the file into place when done
+        if time.monotonic() > deadline:
+            raise ExtractError(f"sample at line {p.line}: {path} did not appear within {wait_s:.0f} s")
+        time.sleep(0.005)
+    return p
+
+
+def read_staged(path: Path, p: Planned, spec: dict) -> Sample:
+    """Load one staged sample and verify it against what was sent."""
+    with safe_open(str(path), "pt") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}
+    server = json.loads(meta.get("header", "{}"))
+    for key in ("engine_version", "captured_layer_inputs"):
+        if server.get(key) != spec[key]:
+            raise ExtractError(f"{path}: the server reports {key}={server.get(key)}, the capture spec says "
+                               f"{spec[key]}; the running SGLang hooks other layers or is another build")
+    if tensor_sha256(tensors) != meta.get("sha256"):
+        raise ExtractError(f"{path}: tensor sha256 differs from the one the server recorded")
+    if tensors["input_ids"].tolist() != p.input_ids:
+        raise ExtractError(f"{path}: the server ran other token ids than were sent for line {p.line}")
+    if not (tensors["aux"].shape[0] == tensors["last"].shape[0] == len(p.input_ids)):
+        raise ExtractError(f"{path}: {tensors['aux'].shape[0]} rows for a {len(p.input_ids)}-token prompt")
+    return Sample(p.id, tensors["input_ids"], torch.tensor(p.loss_mask, dtype=torch.uint8), tensors["aux"],
+                  tensors["last"])
+
+
+def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: dict) -> dict:
+    samples = [read_staged(staging / f"{p.id}.safetensors", p, spec) for p in shard]
+    for s in samples:
+        if s.aux.shape[1] != spec["hidden_size"] * len(spec["layer_ids"]) or str(s.aux.dtype) != f"torch.{spec['dtype']}":
+            raise ExtractError(f"sample {s.id}: aux {tuple(s.aux.shape)} {s.aux.dtype} does not match the capture "
+                               f"spec ({len(spec['layer_ids'])} x {spec['hidden_size']}, {spec['dtype']})")
+    data = encode_shard(samples, spec)
+    path = out / shard_name(index)
+    atomic_write_bytes(path, data)
+    entries, offset = [], 0
+    for p, s in zip(shard, samples):
+        entries.append({"id": p.id, "line": p.line, "offset": offset, "rows": len(p.input_ids),
+                        "loss_tokens": int(sum(p.loss_mask)),
+                        "sha256": tensor_sha256({"input_ids": s.input_ids, "aux": s.aux, "last": s.last})})
+        offset += len(p.input_ids)
+    return {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "samples": entries}

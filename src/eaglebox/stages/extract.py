@@ -1,0 +1,34 @@
+"""``eaglebox extract``: start the capture server, run the client, stop the server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eaglebox.capture.spec import capture_spec
+from eaglebox.engine.launch import server_for
+from eaglebox.errors import EagleboxError
+
+
+def run(cfg) -> int:
+    from transformers import AutoTokenizer
+
+    from eaglebox.extract.client import STAGING, prepare, run_extract
+
+    if cfg.extract.dataset is None:
+        raise EagleboxError("extract.dataset: required")
+    spec = capture_spec(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    planned, manifest = prepare(cfg, spec, tokenizer)
+    out = Path(cfg.extract.output_dir)
+    log_path = out.parent / f"{out.name}-server.log"
+    srv = server_for(cfg, "capture", log_path, capture_dir=out / STAGING)
+    print(f"extract: starting SGLang {spec['engine_version']} (capture layers {spec['layer_ids']}, "
+          f"{spec['convention']}); log {log_path}")
+    with srv:
+        print(f"extract: server healthy after {srv.startup_s:.1f} s")
+        manifest = run_extract(cfg, srv.url, spec, planned, manifest, alive=srv.alive)
+    print(f"extract: {manifest['samples']} samples, {manifest['tokens']:,} tokens in {len(manifest['shards'])} "
+          f"shards at {out}")
+    print(json.dumps({"capture": manifest["capture"]}, indent=1))
+    return 0

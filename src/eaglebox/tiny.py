@@ -1,0 +1,143 @@
+"""A tiny Llama chat target, made from nothing on a CPU: tokenizer, weights and a chat data set.
+
+Why it is trained at all: acceptance measured against a random target means nothing (its greedy
+output is a two-token loop that any draft predicts). Trained for a minute or two on the
+``chitchat-dataset`` package's dialogues, its greedy answers are short, text-like chat turns.
+
+Everything is deterministic (fixed seeds, fixed thread count) and cached: a directory holding
+``eaglebox-tiny.json`` with the same recipe is reused as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+RECIPE = {
+    "version": 2,
+    "vocab_size": 2048,
+    "hidden_size": 128,
+    "intermediate_size": 384,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "train_dialogues": 6000,
+    "seq_len": 256,
+    "batch_size": 16,
+    "steps": 300,
+    "lr": 3e-3,
+    "seed": 0,
+}
+HELDOUT_DIALOGUES = 168
+"""The last dialogues of the data set are never trained on by the target nor the draft (bench prompts)."""
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+SPECIAL = ["<|begin_of_text|>", "<|end|>", "<|pad|>", "<|user|>", "<|assistant|>", "<|system|>"]
+
+
+def chitchat_conversations() -> list[list[dict[str, str]]]:
+    """All 7,168 dialogues as OpenAI-style message lists (speakers alternate user/assistant)."""
+    import chitchat_dataset
+
+    out = []
+    for conv in chitchat_dataset.Dataset().values():
+        msgs = []
+        for turn in conv["messages"]:
+            text = " ".join(u["text"].strip() for u in turn).strip()
+            if text:
+                msgs.append({"role": "user" if len(msgs) % 2 == 0 else "assistant", "content": text})
+        if len(msgs) >= 2:
+            out.append(msgs)
+    return out
+
+
+def write_chat_data(out_dir: Path) -> dict[str, Path]:
+    """Write ``train.jsonl`` (``messages`` format) and ``heldout.jsonl`` for extraction and bench."""
+    convs = chitchat_conversations()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = {"train": out_dir / "train.jsonl", "heldout": out_dir / "heldout.jsonl"}
+    split = {"train": convs[:-HELDOUT_DIALOGUES], "heldout": convs[-HELDOUT_DIALOGUES:]}
+    for name, rows in split.items():
+        tmp = paths[name].with_suffix(".tmp")
+        with open(tmp, "w") as f:
+            for i, msgs in enumerate(rows):
+                f.write(json.dumps({"id": f"chitchat-{name}-{i}", "messages": msgs}) + "\n")
+        tmp.replace(paths[name])
+    return paths
+
+
+def _train_tokenizer(convs, vocab_size: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator((m["content"] for c in convs for m in c), trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=SPECIAL[0], eos_token=SPECIAL[1],
+                                 pad_token=SPECIAL[2])
+    hf.chat_template = CHAT_TEMPLATE
+    return hf
+
+
+def make_tiny_target(out: Path, *, log=print) -> Path:
+    """Create (or reuse) the tiny target in ``out``; returns ``out``."""
+    out = Path(out)
+    stamp = out / "eaglebox-tiny.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == RECIPE:
+        log(f"tiny target: reusing {out}")
+        return out
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    t0 = time.monotonic()
+    torch.manual_seed(RECIPE["seed"])
+    torch.set_num_threads(2)
+    convs = chitchat_conversations()[: RECIPE["train_dialogues"]]
+    tok = _train_tokenizer(convs, RECIPE["vocab_size"])
+    ids = []
+    for c in convs:
+        ids.extend(tok.apply_chat_template(c, tokenize=True, return_dict=False))
+    data = torch.tensor(ids, dtype=torch.long)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=RECIPE["hidden_size"], intermediate_size=RECIPE["intermediate_size"],
+        num_hidden_layers=RECIPE["num_hidden_layers"], num_attention_heads=RECIPE["num_attention_heads"],
+        num_key_value_heads=RECIPE["num_key_value_heads"], max_position_embeddings=2048, rms_norm_eps=1e-5,
+        rope_theta=10000.0, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg)
+    opt = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
+    steps, T, B = RECIPE["steps"], RECIPE["seq_len"], RECIPE["batch_size"]
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=RECIPE["lr"], total_steps=steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(RECIPE["seed"])
+    model.train()
+    for step in range(steps):
+        starts = torch.randint(0, len(data) - T - 1, (B,), generator=gen)
+        batch = torch.stack([data[s : s + T + 1] for s in starts])
+        loss = model(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"tiny target: step {step + 1}/{steps} loss {loss.item():.3f}")
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "eaglebox-tiny.json").write_text(json.dumps(
+        {"recipe": RECIPE, "final_loss": round(loss.item(), 4), "train_s": round(time.monotonic() - t0, 1)},
+        indent=1))
+    shutil.rmtree(out, ignore_errors=True)
+    tmp.replace(out)
+    log(f"tiny target: wrote {out} in {time.monotonic() - t0:.0f} s (final loss {loss.item():.3f})")
+    return out

@@ -1,0 +1,36 @@
+"""Shared fixtures: the tiny CPU target (made once, cached) and a real SGLang server on it."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / ".cache" / "tiny"
+TINY_CONFIG = ROOT / "configs" / "tiny-cpu.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_target() -> Path:
+    """The tiny chat target and its data (``eaglebox tiny``), made on first use and cached in .cache/."""
+    from eaglebox.tiny import make_tiny_target, write_chat_data
+
+    make_tiny_target(TINY / "target")
+    if not (TINY / "data" / "heldout.jsonl").exists():
+        write_chat_data(TINY / "data")
+    return TINY / "target"
+
+
+@pytest.fixture(scope="session")
+def tiny_cfg_path() -> Path:
+    os.chdir(ROOT)  # the config's relative paths are relative to the repository root
+    return TINY_CONFIG
