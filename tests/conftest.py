@@ -34,3 +34,23 @@ def tiny_target() -> Path:
 def tiny_cfg_path() -> Path:
     os.chdir(ROOT)  # the config's relative paths are relative to the repository root
     return TINY_CONFIG
+
+
+def eaglebox_cli(*args: str, timeout: float = 900, env: dict | None = None):
+    """Run the CLI as users do (from the repository root); returns the CompletedProcess."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "eaglebox.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+@pytest.fixture(scope="session")
+def tiny_shards(tiny_target, tmp_path_factory) -> Path:
+    """64 samples of the tiny target captured by the real SGLang server (once per session)."""
+    out = tmp_path_factory.mktemp("tiny") / "shards"
+    r = eaglebox_cli("extract", "--config", str(TINY_CONFIG), f"extract.output_dir={out}",
+                     f"engine.port={free_port()}", "extract.max_samples=64", "extract.shard_size=16",
+                     "extract.max_length=320")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    return out

@@ -1,8 +1,11 @@
 """A tiny Llama chat target, made from nothing on a CPU: tokenizer, weights and a chat data set.
 
 Why it is trained at all: acceptance measured against a random target means nothing (its greedy
-output is a two-token loop that any draft predicts). Trained for a minute or two on the
-``chitchat-dataset`` package's dialogues, its greedy answers are short, text-like chat turns.
+output is a two-token loop that any draft predicts). It is trained for a few minutes on two kinds
+of conversation made from text on this machine: the ``chitchat-dataset`` package's dialogues, and
+"continue this code" turns cut from the Python standard library's sources. On chat alone a target
+this small answers everything with the same safe phrase; code makes its greedy continuations
+depend on the prompt, so acceptance measured on it means something.
 
 Everything is deterministic (fixed seeds, fixed thread count) and cached: a directory holding
 ``eaglebox-tiny.json`` with the same recipe is reused as it is.
@@ -16,22 +19,23 @@ import time
 from pathlib import Path
 
 RECIPE = {
-    "version": 2,
+    "version": 3,
     "vocab_size": 2048,
     "hidden_size": 128,
     "intermediate_size": 384,
     "num_hidden_layers": 4,
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
-    "train_dialogues": 6000,
+    "code_lines_prompt": 8,
+    "code_lines_answer": 16,
     "seq_len": 256,
     "batch_size": 16,
-    "steps": 300,
+    "steps": 400,
     "lr": 3e-3,
     "seed": 0,
 }
-HELDOUT_DIALOGUES = 168
-"""The last dialogues of the data set are never trained on by the target nor the draft (bench prompts)."""
+HELDOUT = 200
+"""The last conversations are never trained on, by the target nor the draft: they are the bench prompts."""
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}"
@@ -56,17 +60,45 @@ def chitchat_conversations() -> list[list[dict[str, str]]]:
     return out
 
 
+def code_conversations() -> list[list[dict[str, str]]]:
+    """"Continue this code" turns: 8 non-blank lines of a stdlib module, then the next 16."""
+    import sysconfig
+
+    a, b = RECIPE["code_lines_prompt"], RECIPE["code_lines_answer"]
+    out = []
+    for path in sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py")):
+        lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()]
+        for i in range(0, len(lines) - a - b, a + b):
+            out.append([{"role": "user", "content": "\n".join(lines[i : i + a])},
+                        {"role": "assistant", "content": "\n".join(lines[i + a : i + a + b])}])
+    return out
+
+
+def conversations() -> dict[str, list[list[dict[str, str]]]]:
+    """``train`` and ``heldout`` splits, each chat and code interleaved in a fixed order."""
+    import random
+
+    chat, code = chitchat_conversations(), code_conversations()
+    random.Random(RECIPE["seed"]).shuffle(code)
+    h = HELDOUT // 2
+
+    def mix(a, b):
+        n = min(len(a), len(b))
+        return [c for pair in zip(a, b) for c in pair] + a[n:] + b[n:]
+
+    return {"train": mix(chat[:-h], code[:-h]), "heldout": mix(chat[-h:], code[-h:])}
+
+
 def write_chat_data(out_dir: Path) -> dict[str, Path]:
     """Write ``train.jsonl`` (``messages`` format) and ``heldout.jsonl`` for extraction and bench."""
-    convs = chitchat_conversations()
+    split = conversations()
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"train": out_dir / "train.jsonl", "heldout": out_dir / "heldout.jsonl"}
-    split = {"train": convs[:-HELDOUT_DIALOGUES], "heldout": convs[-HELDOUT_DIALOGUES:]}
     for name, rows in split.items():
         tmp = paths[name].with_suffix(".tmp")
         with open(tmp, "w") as f:
             for i, msgs in enumerate(rows):
-                f.write(json.dumps({"id": f"chitchat-{name}-{i}", "messages": msgs}) + "\n")
+                f.write(json.dumps({"id": f"tiny-{name}-{i}", "messages": msgs}) + "\n")
         tmp.replace(paths[name])
     return paths
 
@@ -100,7 +132,7 @@ def make_tiny_target(out: Path, *, log=print) -> Path:
     t0 = time.monotonic()
     torch.manual_seed(RECIPE["seed"])
     torch.set_num_threads(2)
-    convs = chitchat_conversations()[: RECIPE["train_dialogues"]]
+    convs = conversations()["train"]
     tok = _train_tokenizer(convs, RECIPE["vocab_size"])
     ids = []
     for c in convs:

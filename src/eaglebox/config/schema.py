@@ -70,9 +70,6 @@ class ExtractConfig(Section):
     """A Jinja file; None uses the tokenizer's own template."""
     on_bad_row: Literal["error", "skip"] = "error"
     max_samples: int | None = Field(None, ge=1)
-    regenerate: bool = False
-    """Replace assistant turns by the target's own greedy answers before capture."""
-    regenerate_max_new_tokens: int = Field(256, ge=1)
     max_retries: int = Field(5, ge=0)
     retry_backoff_s: float = Field(1.0, ge=0)
     writer_queue: int = Field(8, ge=1)
@@ -99,17 +96,16 @@ class TrainConfig(Section):
     epochs: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1)
     batch_size: int = Field(1, ge=1)
-    """Samples per rank per step."""
+    """Samples per rank per step (the global batch is batch_size x ranks)."""
     max_length: int = Field(2048, ge=2)
     ttt_length: int = Field(7, ge=1)
     loss_decay: float = Field(0.8, gt=0, le=1)
     seed: int = 0
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
-    parallel: Literal["ddp", "fsdp2"] = "ddp"
     checkpoint_every: int = Field(200, ge=1)
+    """Steps between checkpoints; the run always checkpoints at its last step."""
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(10, ge=1)
-    holdout_fraction: float = Field(0.0, ge=0, lt=1)
 
 
 class ServeConfig(Section):

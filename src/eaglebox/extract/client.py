@@ -168,14 +168,17 @@ def prepare(cfg, spec: dict, tokenizer, log=print) -> tuple[list[Planned], dict 
     return planned, manifest
 
 
-def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dict | None, *,
+def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dict | None, staging: Path, *,
                 alive=lambda: True, log=print) -> dict:
-    """Capture every planned sample into ``extract.output_dir``; returns the final manifest."""
+    """Capture every planned sample into ``extract.output_dir``; returns the final manifest.
+
+    ``staging`` is the server's capture directory (``EAGLEBOX_CAPTURE_DIR``), on the same filesystem.
+    """
     e = cfg.extract
     out = Path(e.output_dir)
     shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
     done = {s["file"]: s for s in (manifest or {}).get("shards", [])}
-    staging = out / STAGING
+    out.mkdir(parents=True, exist_ok=True)
     staging.mkdir(parents=True, exist_ok=True)
     for tmp in staging.glob(".*.tmp"):  # a writer killed mid-file; its sample is captured again
         tmp.unlink()
@@ -210,7 +213,6 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
             if present:
                 log(f"{name}: reused {present} staged samples")
     bar.close()
-    shutil.rmtree(staging, ignore_errors=True)
     return manifest
 
 

@@ -116,9 +116,10 @@ def tokenize(row: Row, tokenizer, chat_template: str | None = None) -> tuple[lis
     for i, m in enumerate(row.messages):
         if m["role"] != "assistant":
             continue
-        start = len(render(row.messages[:i], True))
+        before = render(row.messages[:i], True)
         upto = render(row.messages[: i + 1], False)
-        if upto != ids[: len(upto)] or start > len(upto):
+        start = len(before)
+        if before != ids[:start] or upto != ids[: len(upto)] or start > len(upto):
             raise ValueError("the chat template does not render a conversation prefix as a token prefix; "
                              "the assistant loss mask cannot be located")
         mask[start : len(upto)] = [1] * (len(upto) - start)

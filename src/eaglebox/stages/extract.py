@@ -22,12 +22,14 @@ def run(cfg) -> int:
     planned, manifest = prepare(cfg, spec, tokenizer)
     out = Path(cfg.extract.output_dir)
     log_path = out.parent / f"{out.name}-server.log"
-    srv = server_for(cfg, "capture", log_path, capture_dir=out / STAGING)
+    staging = out / STAGING
+    srv = server_for(cfg, "capture", log_path, capture_dir=staging)
     print(f"extract: starting SGLang {spec['engine_version']} (capture layers {spec['layer_ids']}, "
           f"{spec['convention']}); log {log_path}")
     with srv:
         print(f"extract: server healthy after {srv.startup_s:.1f} s")
-        manifest = run_extract(cfg, srv.url, spec, planned, manifest, alive=srv.alive)
+        manifest = run_extract(cfg, srv.url, spec, planned, manifest, staging, alive=srv.alive)
+    staging.rmdir()  # empty once every shard is committed
     print(f"extract: {manifest['samples']} samples, {manifest['tokens']:,} tokens in {len(manifest['shards'])} "
           f"shards at {out}")
     print(json.dumps({"capture": manifest["capture"]}, indent=1))

@@ -1,0 +1,1 @@
+"""Acceptance and throughput benchmarks."""

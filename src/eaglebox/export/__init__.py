@@ -1,0 +1,1 @@
+"""Export the trained draft as the directory SGLang loads."""

@@ -1,0 +1,1 @@
+"""Extraction client: data set rows to verified capture requests to shards."""

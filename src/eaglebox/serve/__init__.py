@@ -1,0 +1,1 @@
+"""Serving target + draft with SGLang EAGLE-3."""

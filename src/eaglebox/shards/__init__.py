@@ -1,0 +1,1 @@
+"""The shard format (safetensors + manifest) and the parity oracle that checks its contents."""

@@ -1,0 +1,1 @@
+"""EAGLE-3 draft training: model, TTT loss, data order, checkpoints, the loop."""

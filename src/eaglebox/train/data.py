@@ -1,0 +1,45 @@
+"""Samples from the shards, in a deterministic order that a resumed run can re-enter mid-epoch."""
+
+from __future__ import annotations
+
+import torch
+
+from eaglebox.shards.format import ShardReader
+
+
+def batch_indices(n: int, seed: int, epoch: int, step_in_epoch: int, world: int, rank: int,
+                  batch_size: int) -> list[int]:
+    """This rank's samples for one step. Global step ``k`` of an epoch takes the permutation's
+    ``k``-th run of ``world * batch_size`` samples and rank ``r`` its ``r``-th slice, so what a step
+    trains on depends only on the global batch: 2 ranks x 4 samples = 1 rank x 8 samples."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    perm = torch.randperm(n, generator=g).tolist()
+    start = (step_in_epoch * world + rank) * batch_size
+    return perm[start : start + batch_size]
+
+
+def steps_per_epoch(n: int, world: int, batch_size: int) -> int:
+    return n // (world * batch_size)
+
+
+def collate(reader: ShardReader, indices: list[int], max_length: int, device) -> dict[str, torch.Tensor]:
+    """Right-padded batch; ``valid`` marks real tokens."""
+    samples = [reader.get(i, max_rows=max_length) for i in indices]
+    T = max(s["input_ids"].shape[0] for s in samples)
+    B = len(samples)
+    first = samples[0]
+    out = {
+        "input_ids": torch.zeros(B, T, dtype=torch.int64),
+        "loss_mask": torch.zeros(B, T, dtype=torch.bool),
+        "valid": torch.zeros(B, T, dtype=torch.bool),
+        "aux": torch.zeros(B, T, first["aux"].shape[1], dtype=first["aux"].dtype),
+        "last": torch.zeros(B, T, first["last"].shape[1], dtype=first["last"].dtype),
+    }
+    for b, s in enumerate(samples):
+        n = s["input_ids"].shape[0]
+        out["input_ids"][b, :n] = s["input_ids"]
+        out["loss_mask"][b, :n] = s["loss_mask"].bool()
+        out["valid"][b, :n] = True
+        out["aux"][b, :n] = s["aux"]
+        out["last"][b, :n] = s["last"]
+    return {k: v.to(device, non_blocking=True) for k, v in out.items()}

@@ -1,0 +1,173 @@
+"""The training run: shards -> EAGLE-3 draft, DDP over ``torchrun`` ranks (gloo on CPU, NCCL on GPU).
+
+Rerunning the same command resumes from the newest complete checkpoint: weights, optimizer, LR
+schedule, RNG, data position. Metrics go to ``metrics.jsonl`` (lines past the resumed step are
+dropped, so an interrupted-then-resumed curve equals an uninterrupted one); the end writes
+``curves.png`` and exports the SGLang draft to ``output_dir/draft``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from eaglebox.errors import EagleboxError
+from eaglebox.layers import SGLANG_CONVENTION
+from eaglebox.shards.format import ShardReader, manifest_digest
+from eaglebox.train import checkpoint
+from eaglebox.train.data import batch_indices, collate, steps_per_epoch
+from eaglebox.train.model import Eagle3Draft
+from eaglebox.train.target import draft_spec, load_embed_and_head
+from eaglebox.train.vocab import build_vocab, token_counts
+
+
+def check_header(header: dict, expected: dict, where: Path) -> None:
+    """Refuse shards captured otherwise than this config says, naming both values."""
+    for key in ("engine", "engine_version", "layer_ids", "convention", "hidden_size", "dtype", "target_config_sha256"):
+        if header.get(key) != expected.get(key):
+            raise EagleboxError(f"{where}: shards have {key}={header.get(key)!r}, the config implies "
+                                f"{expected.get(key)!r}; re-extract or fix the config")
+
+
+def lr_lambda(warmup: int, total: int, min_ratio: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, total - warmup)
+        return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return f
+
+
+class Dist:
+    """Rank bookkeeping; a single process is world 1 without a process group."""
+
+    def __init__(self):
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.local_rank)
+            self.device = torch.device("cuda", self.local_rank)
+        else:
+            self.device = torch.device("cpu")
+        if self.world > 1 and not dist.is_initialized():
+            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
+
+    def sum(self, t: torch.Tensor) -> torch.Tensor:
+        if self.world > 1:
+            dist.all_reduce(t)
+        return t
+
+
+def run_train(cfg, expected_header: dict, log=print) -> Path:
+    t = cfg.train
+    d = Dist()
+    torch.manual_seed(t.seed)
+    out = Path(t.output_dir)
+    reader = ShardReader(cfg.extract.output_dir)
+    check_header(reader.header, expected_header, Path(cfg.extract.output_dir))
+    spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.header["layer_ids"]))
+    model = Eagle3Draft(spec)
+    embed, head = load_embed_and_head(Path(cfg.model.path))
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(embed.float())
+        d2t, t2d = build_vocab(token_counts(reader, spec.vocab_size), spec.draft_vocab_size)
+        model.d2t.copy_(d2t)
+        model.t2d.copy_(t2d)
+    model.to(d.device)
+    head = head.to(d.device)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay)
+    per_epoch = steps_per_epoch(len(reader), d.world, t.batch_size)
+    if per_epoch == 0:
+        raise EagleboxError(f"{len(reader)} samples are fewer than one step ({d.world} ranks x batch {t.batch_size})")
+    total = min(t.max_steps or per_epoch * t.epochs, per_epoch * t.epochs)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, total, t.min_lr_ratio))
+    ckpt_dir = out / "checkpoints"
+    step = 0
+    resume = checkpoint.latest(ckpt_dir)
+    if resume is not None:
+        step = checkpoint.load(resume, model, optimizer, scheduler, d.rank, d.world)["step"]
+        if d.rank == 0:
+            log(f"train: resumed from {resume} (step {step}/{total})")
+    metrics_path = out / "metrics.jsonl"
+    if d.rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        _truncate_metrics(metrics_path, step)
+    weights = [t.loss_decay**i for i in range(t.ttt_length)]
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if (d.device.type == "cuda" and t.dtype == "bfloat16") \
+        else torch.autocast("cpu", enabled=False)
+    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=d.rank != 0, dynamic_ncols=True)
+    tokens_seen, t0 = 0, time.monotonic()
+    while step < total:
+        epoch, in_epoch = divmod(step, per_epoch)
+        batch_ids = batch_indices(len(reader), t.seed, epoch, in_epoch, d.world, d.rank, t.batch_size)
+        batch = collate(reader, batch_ids, t.max_length, d.device)
+        with autocast:
+            losses, correct, counts = ddp(batch, head, t.ttt_length)
+        denom = d.sum(counts[0].detach().clone().float()).clamp_min(1)
+        loss = sum(w * lo for w, lo in zip(weights, losses)) / denom * d.world  # DDP averages gradients
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        tokens_seen += int(batch["valid"].sum())
+        stats = d.sum(torch.stack([torch.stack(losses).detach().float(), torch.stack(correct).float(),
+                                   torch.stack(counts).float()]).cpu())
+        if d.rank == 0 and (step % t.log_every == 0 or step == total):
+            row = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+                   "loss": float((torch.tensor(weights) * stats[0]).sum() / stats[2][0].clamp_min(1)),
+                   "loss_per_position": (stats[0] / stats[2].clamp_min(1)).tolist(),
+                   "acc_per_position": (stats[1] / stats[2].clamp_min(1)).tolist(),
+                   "tokens_per_s": tokens_seen * d.world / (time.monotonic() - t0)}
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(row) + "\n")
+            bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_per_position'][0]:.2f}",
+                            tok_s=f"{row['tokens_per_s']:.0f}")
+        bar.update(1)
+        if step % t.checkpoint_every == 0 or step == total:
+            checkpoint.save(ckpt_dir, step, model, optimizer, scheduler,
+                            {"epoch": epoch, "step_in_epoch": in_epoch + 1}, d.rank, d.world, d.barrier,
+                            t.keep_checkpoints, {"shards": manifest_digest(reader.manifest)})
+    bar.close()
+    draft_dir = out / "draft"
+    if d.rank == 0:
+        from eaglebox.export.sglang import export_draft
+        from eaglebox.train.plots import plot_metrics
+
+        weights_out = checkpoint.trainable_state(model)
+        export_draft(draft_dir, spec, weights_out, provenance(reader, cfg))
+        plot_metrics(metrics_path, out / "curves.png")
+        log(f"train: exported {draft_dir}; curves {out / 'curves.png'}")
+    d.barrier()
+    return draft_dir
+
+
+def provenance(reader: ShardReader, cfg) -> dict:
+    h = reader.header
+    return {"engine": h["engine"], "engine_version": h["engine_version"], "layer_ids": h["layer_ids"],
+            "convention": SGLANG_CONVENTION, "captured_layer_inputs": h["captured_layer_inputs"],
+            "target_config_sha256": h["target_config_sha256"], "target_dtype": h["dtype"],
+            "quantization": h.get("quantization"), "shards_digest": manifest_digest(reader.manifest),
+            "samples": len(reader), "ttt_length": cfg.train.ttt_length}
+
+
+def _truncate_metrics(path: Path, step: int) -> None:
+    if not path.exists():
+        return
+    keep = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in keep))

@@ -1,0 +1,147 @@
+"""Capture through the real SGLang 0.5.23 server on CPU, with the eaglebox hook active.
+
+One capture server (chunked prefill of 64 tokens, so most samples span several chunks) serves the
+in-process tests; the resume test runs ``eaglebox extract`` as users do, and kills it with -9.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from eaglebox.capture.spec import capture_spec
+from eaglebox.config import load_config
+from eaglebox.engine.launch import server_for
+from eaglebox.extract.client import ExtractError, prepare, run_extract
+from eaglebox.shards.format import ShardReader, file_sha256
+from eaglebox.shards.parity import parity_report
+
+pytestmark = pytest.mark.sglang
+
+
+@pytest.fixture(scope="module")
+def capture_server(tiny_target, tiny_cfg_path, tmp_path_factory):
+    from conftest import free_port
+
+    staging = tmp_path_factory.mktemp("staging")
+    cfg = load_config(tiny_cfg_path, [f"engine.port={free_port()}", "engine.chunked_prefill_size=64"])
+    srv = server_for(cfg, "capture", staging.parent / "capture-server.log", capture_dir=staging)
+    with srv:
+        yield cfg, srv, staging
+
+
+def extract(cfg, srv, staging, out, *overrides):
+    from eaglebox.config import load_config as reload
+
+    cfg = reload(TINY_CONFIG(), [f"engine.port={cfg.engine.port}", f"extract.output_dir={out}", *overrides])
+    spec = capture_spec(cfg)
+    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    planned, manifest = prepare(cfg, spec, tok, log=lambda *_: None)
+    return run_extract(cfg, srv.url, spec, planned, manifest, staging, alive=srv.alive, log=lambda *_: None), planned
+
+
+def TINY_CONFIG():
+    from conftest import TINY_CONFIG
+
+    return TINY_CONFIG
+
+
+def test_concurrent_chunked_capture_matches_hf_layer_by_layer(capture_server, tmp_path):
+    cfg, srv, staging = capture_server
+    manifest, planned = extract(cfg, srv, staging, tmp_path / "c4", "extract.max_samples=16",
+                                "extract.shard_size=6", "extract.concurrency=4")
+    assert [s["file"] for s in manifest["shards"]] == [f"shard-0000{i}.safetensors" for i in range(3)]
+    rows = [r["rows"] for s in manifest["shards"] for r in s["samples"]]
+    assert rows == [len(p.input_ids) for p in planned] and max(rows) > 64 * 3  # several chunks each
+    reader = ShardReader(tmp_path / "c4", verify=True)
+    for i, p in enumerate(planned):
+        assert reader.get(i)["input_ids"].tolist() == p.input_ids
+        assert reader.get(i)["loss_mask"].tolist() == p.loss_mask
+    report = parity_report(tmp_path / "c4", cfg.model.path, num_samples=16)
+    assert report["ok"], report
+    for layer in report["aux"]:
+        others = [c for k, c in enumerate(layer["cos_by_reference_index"]) if k != layer["reference_index"]]
+        assert layer["cos"] >= 0.9999 and layer["cos"] > max(others)
+    assert report["last"]["cos"] >= 0.9999
+    assert list(staging.iterdir()) == []  # staged samples are deleted once their shard is committed
+
+    # the same samples one at a time: concurrency must not mix rows between requests
+    single, _ = extract(cfg, srv, staging, tmp_path / "c1", "extract.max_samples=16", "extract.shard_size=6",
+                        "extract.concurrency=1")
+    one = ShardReader(tmp_path / "c1")
+    for i in range(len(planned)):
+        a, b = reader.get(i), one.get(i)
+        cos = torch.nn.functional.cosine_similarity(a["aux"].float().flatten(), b["aux"].float().flatten(), dim=0)
+        assert cos > 0.9999
+
+
+def test_resume_accepts_the_same_layers_named_otherwise_and_refuses_another_spec(capture_server, tmp_path):
+    cfg, srv, staging = capture_server
+    first, _ = extract(cfg, srv, staging, tmp_path / "s", "extract.max_samples=2")
+    # inputs of layers 1..3 are the outputs of layers 0..2: the same capture, so nothing is redone
+    again, _ = extract(cfg, srv, staging, tmp_path / "s", "extract.max_samples=2", "capture.layer_ids=[1, 2, 3]",
+                       "capture.convention=input_of_layer")
+    assert again["shards"] == first["shards"]
+    with pytest.raises(ExtractError, match=r"its shards were captured with .*bfloat16.*would capture with .*float32"):
+        extract(cfg, srv, staging, tmp_path / "s", "extract.max_samples=2", "model.dtype=float32")
+
+
+def run_cli(out: Path, port: int, *extra) -> subprocess.Popen:
+    from conftest import ROOT, TINY_CONFIG
+
+    return subprocess.Popen([sys.executable, "-m", "eaglebox.cli", "extract", "--config", str(TINY_CONFIG),
+                             f"extract.output_dir={out}", f"engine.port={port}", "extract.max_samples=40",
+                             "extract.shard_size=4", "extract.concurrency=1", *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def test_kill_9_then_rerun_gives_byte_identical_shards(tiny_target, tmp_path):
+    from conftest import free_port
+
+    port = free_port()
+    ref = run_cli(tmp_path / "ref", port)
+    assert ref.wait(timeout=600) == 0, ref.stdout.read()[-3000:]
+
+    victim = run_cli(tmp_path / "cut", port)
+    manifest = tmp_path / "cut" / "manifest.json"
+    deadline = time.monotonic() + 300
+    while not (manifest.exists() and len(json.loads(manifest.read_text())["shards"]) >= 2):
+        assert victim.poll() is None and time.monotonic() < deadline, victim.stdout.read()[-3000:]
+        time.sleep(0.02)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    cut = json.loads(manifest.read_text())
+    assert len(cut["shards"]) < 10  # really interrupted
+    visible = sorted(p.name for p in (tmp_path / "cut").glob("shard-*"))
+    assert visible == [s["file"] for s in cut["shards"]] or len(visible) == len(cut["shards"]) + 1
+
+    resumed = run_cli(tmp_path / "cut", port)
+    out = resumed.communicate(timeout=600)[0]
+    assert resumed.returncode == 0, out[-3000:]
+    ref_files = sorted(p.name for p in (tmp_path / "ref").iterdir() if p.is_file())
+    assert ref_files == sorted(p.name for p in (tmp_path / "cut").iterdir() if p.is_file())
+    for name in ref_files:
+        if name.startswith("shard-"):
+            assert file_sha256(tmp_path / "ref" / name) == file_sha256(tmp_path / "cut" / name), name
+    a, b = (json.loads((tmp_path / d / "manifest.json").read_text()) for d in ("ref", "cut"))
+    assert a["shards"] == b["shards"] and len(a["shards"]) == 10
+
+
+def test_bad_row_fails_before_anything_is_written(tiny_target, tmp_path):
+    from conftest import free_port
+
+    data = tmp_path / "bad.jsonl"
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    data.write_text(good + "\n" + '{"messages": [}\n')
+    p = run_cli(tmp_path / "out", free_port(), f"extract.dataset={data}")
+    out = p.communicate(timeout=300)[0]
+    assert p.returncode == 1
+    assert f"{data}: line 2: not valid JSON" in out
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out-server.log"))
