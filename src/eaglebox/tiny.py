@@ -90,7 +90,11 @@ def conversations() -> dict[str, list[list[dict[str, str]]]]:
 
 
 def write_chat_data(out_dir: Path) -> dict[str, Path]:
-    """Write ``train.jsonl`` (``messages`` format) and ``heldout.jsonl`` for extraction and bench."""
+    """Write ``train.jsonl`` (``messages`` format) and ``heldout.jsonl`` for extraction and bench.
+
+    Each row is one exchange (a user turn and its answer): the bench measures first answers, and
+    regenerating one answer per row is cheap on a CPU.
+    """
     split = conversations()
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = {"train": out_dir / "train.jsonl", "heldout": out_dir / "heldout.jsonl"}
@@ -98,7 +102,7 @@ def write_chat_data(out_dir: Path) -> dict[str, Path]:
         tmp = paths[name].with_suffix(".tmp")
         with open(tmp, "w") as f:
             for i, msgs in enumerate(rows):
-                f.write(json.dumps({"id": f"tiny-{name}-{i}", "messages": msgs}) + "\n")
+                f.write(json.dumps({"id": f"tiny-{name}-{i}", "messages": msgs[:2]}) + "\n")
         tmp.replace(paths[name])
     return paths
 

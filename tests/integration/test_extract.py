@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from eaglebox.capture.spec import capture_spec
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
-from eaglebox.extract.client import ExtractError, prepare, run_extract
+from eaglebox.extract.client import ExtractError, capture, prepare
 from eaglebox.shards.format import ShardReader, file_sha256
 from eaglebox.shards.parity import parity_report
 
@@ -43,8 +43,8 @@ def extract(cfg, srv, staging, out, *overrides):
     cfg = reload(TINY_CONFIG(), [f"engine.port={cfg.engine.port}", f"extract.output_dir={out}", *overrides])
     spec = capture_spec(cfg)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    planned, manifest = prepare(cfg, spec, tok, log=lambda *_: None)
-    return run_extract(cfg, srv.url, spec, planned, manifest, staging, alive=srv.alive, log=lambda *_: None), planned
+    plan = prepare(cfg, spec, tok, log=lambda *_: None)
+    return capture(cfg, srv.url, spec, tok, plan, staging, alive=srv.alive, log=lambda *_: None), plan.planned
 
 
 def TINY_CONFIG():

@@ -70,6 +70,9 @@ class ExtractConfig(Section):
     """A Jinja file; None uses the tokenizer's own template."""
     on_bad_row: Literal["error", "skip"] = "error"
     max_samples: int | None = Field(None, ge=1)
+    regenerate: bool = False
+    """Replace assistant turns by the target's own greedy answers (same server) before capture."""
+    regenerate_max_new_tokens: int = Field(512, ge=1)
     max_retries: int = Field(5, ge=0)
     retry_backoff_s: float = Field(1.0, ge=0)
     writer_queue: int = Field(8, ge=1)

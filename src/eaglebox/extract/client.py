@@ -26,11 +26,11 @@ from pathlib import Path
 import requests
 import torch
 from safetensors import safe_open
-from tqdm import tqdm
 
+from eaglebox import progress
 from eaglebox.capture.sink import RID_PREFIX, tensor_sha256
 from eaglebox.errors import EagleboxError
-from eaglebox.extract.dataset import BadRow, read_rows, tokenize
+from eaglebox.extract.dataset import BadRow, Row, read_rows, tokenize
 from eaglebox.shards.format import (
     FORMAT,
     Sample,
@@ -109,31 +109,44 @@ class Client:
         raise ExtractError(f"{self.url}{path} failed after {self.max_retries + 1} tries; last error: {last}")
 
 
-def plan_samples(cfg, tokenizer, spec: dict, log=print) -> list[Planned]:
+def select_rows(cfg, log=print) -> list[Row]:
+    """Parse the data set; bad rows fail the run or are skipped (``extract.on_bad_row``)."""
     e = cfg.extract
-    template = Path(e.chat_template).read_text() if e.chat_template else None
-    planned, seen, skipped, dupes = [], set(), 0, 0
+    rows, skipped = [], 0
     for row in read_rows(e.dataset, e.format):
         if isinstance(row, BadRow):
-            if e.on_bad_row == "error":
-                raise ExtractError(f"{row} (set extract.on_bad_row=skip to skip such rows)")
-            log(f"skipping {row}")
+            _bad(e, row, log)
             skipped += 1
             continue
+        rows.append(row)
+        if e.max_samples and len(rows) >= e.max_samples:
+            break
+    if skipped:
+        log(f"skipped {skipped} malformed rows")
+    return rows
+
+
+def _bad(e, bad: BadRow, log) -> None:
+    if e.on_bad_row == "error":
+        raise ExtractError(f"{bad} (set extract.on_bad_row=skip to skip such rows)")
+    log(f"skipping {bad}")
+
+
+def plan_samples(cfg, rows: list[Row], tokenizer, spec: dict, log=print) -> list[Planned]:
+    """Tokenize (assistant-only loss mask), drop over-long rows and duplicates, in data-set order."""
+    e = cfg.extract
+    template = Path(e.chat_template).read_text() if e.chat_template else None
+    planned, seen, dupes = [], set(), 0
+    for row in rows:
         try:
             ids, mask = tokenize(row, tokenizer, template)
         except ValueError as err:
             raise ExtractError(f"{e.dataset}: line {row.line}: {err}") from err
         if len(ids) > e.max_length:
-            bad = BadRow(Path(e.dataset), row.line, f"{len(ids)} tokens, over extract.max_length={e.max_length}")
-            if e.on_bad_row == "error":
-                raise ExtractError(f"{bad} (set extract.on_bad_row=skip to skip such rows)")
-            log(f"skipping {bad}")
-            skipped += 1
+            _bad(e, BadRow(Path(e.dataset), row.line, f"{len(ids)} tokens, over extract.max_length={e.max_length}"), log)
             continue
         if sum(mask) == 0:
             log(f"skipping {e.dataset}: line {row.line}: no assistant token after tokenization")
-            skipped += 1
             continue
         sid = sample_id(ids, spec)
         if sid in seen:
@@ -141,20 +154,18 @@ def plan_samples(cfg, tokenizer, spec: dict, log=print) -> list[Planned]:
             continue
         seen.add(sid)
         planned.append(Planned(sid, row.line, ids, mask))
-        if e.max_samples and len(planned) >= e.max_samples:
-            break
     if not planned:
         raise ExtractError(f"{e.dataset}: no usable samples")
-    if skipped or dupes:
-        log(f"planned {len(planned)} samples; skipped {skipped} bad rows and {dupes} duplicates")
+    if dupes:
+        log(f"dropped {dupes} duplicate samples")
     return planned
 
 
-def prepare(cfg, spec: dict, tokenizer, log=print) -> tuple[list[Planned], dict | None]:
-    """Everything that can fail before a server starts: data, resume state, disk budget."""
+def check_resume(cfg, planned: list[Planned], spec: dict) -> dict | None:
+    """The manifest of an earlier run into the same directory (None if new); refuses another spec
+    and checks the disk budget for what is left to capture."""
     e = cfg.extract
     out = Path(e.output_dir)
-    planned = plan_samples(cfg, tokenizer, spec, log)
     manifest = load_manifest(out)
     if manifest is not None and manifest["capture"] != spec:
         raise ExtractError(
@@ -162,10 +173,39 @@ def prepare(cfg, spec: dict, tokenizer, log=print) -> tuple[list[Planned], dict 
             f"this run would capture with {json.dumps(spec, sort_keys=True)}; use another extract.output_dir")
     bpt = bytes_per_token(spec["hidden_size"], len(spec["layer_ids"]), spec["dtype_bytes"])
     shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
-    done = {s["file"]: s for s in (manifest or {}).get("shards", [])}
+    done = {s["file"] for s in (manifest or {}).get("shards", [])}
     todo_tokens = sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) not in done for p in sh)
     check_disk(out, todo_tokens, bpt, max(sum(len(p.input_ids) for p in sh) for sh in shards))
-    return planned, manifest
+    return manifest
+
+
+@dataclass
+class Plan:
+    rows: list[Row]
+    planned: list[Planned] | None  # None until regeneration has run
+    manifest: dict | None
+
+
+def prepare(cfg, spec: dict, tokenizer, log=print) -> Plan:
+    """Everything that can fail before a server starts: rows, tokenization, resume state, disk."""
+    rows = select_rows(cfg, log)
+    if cfg.extract.regenerate:
+        return Plan(rows, None, None)
+    planned = plan_samples(cfg, rows, tokenizer, spec, log)
+    return Plan(rows, planned, check_resume(cfg, planned, spec))
+
+
+def capture(cfg, url: str, spec: dict, tokenizer, plan: Plan, staging: Path, *, alive=lambda: True,
+            log=print) -> dict:
+    """Regenerate if asked, then capture every planned sample; returns the manifest."""
+    if plan.planned is None:
+        from eaglebox.extract.regenerate import regenerate
+
+        client = Client(url, cfg.extract.max_retries, cfg.extract.retry_backoff_s, alive)
+        rows = regenerate(cfg, plan.rows, client, tokenizer, Path(cfg.extract.output_dir), log)
+        planned = plan_samples(cfg, rows, tokenizer, spec, log)
+        plan = Plan(rows, planned, check_resume(cfg, planned, spec))
+    return run_extract(cfg, url, spec, plan.planned, plan.manifest, staging, alive=alive, log=log)
 
 
 def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dict | None, staging: Path, *,
@@ -190,7 +230,7 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
             manifest["shards"] = [s for s in manifest["shards"] if s["file"] != name]
             del done[name]
     client = Client(url, e.max_retries, e.retry_backoff_s, alive)
-    bar = tqdm(total=sum(len(p.input_ids) for p in planned), unit="tok", unit_scale=True, desc="extract", dynamic_ncols=True,
+    bar = progress.bar(total=sum(len(p.input_ids) for p in planned), unit="tok", unit_scale=True, desc="extract",
                initial=sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) in done for p in sh))
     with ThreadPoolExecutor(e.concurrency) as pool:
         for index, shard in enumerate(shards):

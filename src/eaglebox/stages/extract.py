@@ -13,13 +13,13 @@ from eaglebox.errors import EagleboxError
 def run(cfg) -> int:
     from transformers import AutoTokenizer
 
-    from eaglebox.extract.client import STAGING, prepare, run_extract
+    from eaglebox.extract.client import STAGING, capture, prepare
 
     if cfg.extract.dataset is None:
         raise EagleboxError("extract.dataset: required")
     spec = capture_spec(cfg)
     tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-    planned, manifest = prepare(cfg, spec, tokenizer)
+    plan = prepare(cfg, spec, tokenizer)
     out = Path(cfg.extract.output_dir)
     log_path = out.parent / f"{out.name}-server.log"
     staging = out / STAGING
@@ -28,7 +28,7 @@ def run(cfg) -> int:
           f"{spec['convention']}); log {log_path}")
     with srv:
         print(f"extract: server healthy after {srv.startup_s:.1f} s")
-        manifest = run_extract(cfg, srv.url, spec, planned, manifest, staging, alive=srv.alive)
+        manifest = capture(cfg, srv.url, spec, tokenizer, plan, staging, alive=srv.alive)
     staging.rmdir()  # empty once every shard is committed
     print(f"extract: {manifest['samples']} samples, {manifest['tokens']:,} tokens in {len(manifest['shards'])} "
           f"shards at {out}")

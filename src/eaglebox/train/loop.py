@@ -16,8 +16,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
+from eaglebox import progress
 from eaglebox.errors import EagleboxError
 from eaglebox.layers import SGLANG_CONVENTION
 from eaglebox.shards.format import ShardReader, manifest_digest
@@ -109,7 +109,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     weights = [t.loss_decay**i for i in range(t.ttt_length)]
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if (d.device.type == "cuda" and t.dtype == "bfloat16") \
         else torch.autocast("cpu", enabled=False)
-    bar = tqdm(total=total, initial=step, desc="train", unit="step", disable=d.rank != 0, dynamic_ncols=True)
+    bar = progress.bar(total=total, initial=step, desc="train", unit="step", disable=d.rank != 0)
     tokens_seen, t0 = 0, time.monotonic()
     while step < total:
         epoch, in_epoch = divmod(step, per_epoch)

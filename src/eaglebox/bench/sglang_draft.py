@@ -1,0 +1,113 @@
+"""SGLang 0.5.23's own ``LlamaForCausalLMEagle3``, loaded from an export and run outside a server.
+
+Used by the offline acceptance evaluator and by the export parity test: SGLang's weight loader
+(``midlayer`` -> ``layers.0``, stacked ``qkv_proj``/``gate_up_proj``, ``d2t`` -> ``hot_token_id``),
+its norms, fc, rotary embedding, MLP and residual wiring all run as in the server. Only the paged
+``RadixAttention`` is replaced, by exact attention over an explicit per-position KV cache: the
+server's KV pool and attention backends are what SGLang itself tests, and on CPU its speculative
+path is not usable (see the bench README notes).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+_INITIALISED = False
+
+
+def _init_sglang_runtime() -> None:
+    """World-1 gloo process group and SGLang's published topology; once per process."""
+    global _INITIALISED
+    if _INITIALISED:
+        return
+    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    if "MASTER_PORT" not in os.environ:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    from sglang.test.layer_ut_utils import init_single_process_dist
+
+    init_single_process_dist(master_port=int(os.environ["MASTER_PORT"]))
+    _INITIALISED = True
+
+
+class CachedAttention(torch.nn.Module):
+    """Stands in for ``RadixAttention``: keys and values are kept by position; a query attends to
+    every cached key at a position not after its own (one chain: topk 1)."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float):
+        super().__init__()
+        self.h, self.kv, self.d, self.scaling = num_heads, num_kv_heads, head_dim, scaling
+        self.reset()
+
+    def reset(self) -> None:
+        self.pos = torch.empty(0, dtype=torch.int64)
+        self.k = torch.empty(0, self.kv, self.d)
+        self.v = torch.empty(0, self.kv, self.d)
+
+    def truncate(self, keep_positions_below: int) -> None:
+        keep = self.pos < keep_positions_below
+        self.pos, self.k, self.v = self.pos[keep], self.k[keep], self.v[keep]
+
+    def forward(self, q, k, v, forward_batch):
+        n = q.shape[0]
+        pos = forward_batch.positions
+        self.pos = torch.cat([self.pos, pos])
+        self.k = torch.cat([self.k, k.view(n, self.kv, self.d).to(self.k.dtype)])
+        self.v = torch.cat([self.v, v.view(n, self.kv, self.d).to(self.v.dtype)])
+        rep = self.h // self.kv
+        keys = self.k.repeat_interleave(rep, dim=1).transpose(0, 1)  # [h, K, d]
+        vals = self.v.repeat_interleave(rep, dim=1).transpose(0, 1)
+        qh = q.view(n, self.h, self.d).transpose(0, 1).to(keys.dtype)  # [h, n, d]
+        scores = (qh @ keys.transpose(1, 2)) * self.scaling
+        scores = scores.masked_fill(self.pos[None, None, :] > pos[None, :, None], float("-inf"))
+        out = scores.softmax(-1) @ vals  # [h, n, d]
+        return out.transpose(0, 1).reshape(n, self.h * self.d).to(q.dtype)
+
+
+class SGLangDraft:
+    def __init__(self, draft_dir: Path, dtype: torch.dtype = torch.float32):
+        _init_sglang_runtime()
+        from safetensors.torch import load_file
+        from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+        from transformers import LlamaConfig
+
+        config = LlamaConfig.from_pretrained(draft_dir)
+        self.model = LlamaForCausalLMEagle3(config)
+        self.model.load_weights(load_file(Path(draft_dir) / "model.safetensors").items())
+        self.model.to(dtype).eval()
+        attn = self.model.model.layers[0].self_attn
+        self.attn = CachedAttention(attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scaling)
+        self.attn.k, self.attn.v = self.attn.k.to(dtype), self.attn.v.to(dtype)
+        attn.attn = self.attn
+        self.dtype = dtype
+        self.hot_token_id = self.model.hot_token_id
+
+    def set_embed(self, embed: torch.Tensor) -> None:
+        """SGLang shares the target's embedding with the draft (``set_embed``)."""
+        with torch.no_grad():
+            self.model.model.embed_tokens.weight.copy_(embed.to(self.dtype))
+
+    def reset(self) -> None:
+        self.attn.reset()
+        self.attn.k, self.attn.v = self.attn.k.to(self.dtype), self.attn.v.to(self.dtype)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
+        """One draft forward over ``n`` tokens: hidden is [n, k*H] (target features: fc applies) or
+        [n, H] (the draft's own output). Returns (draft-vocab logits [n, V_d], next hidden [n, H])."""
+        fb = SimpleNamespace(
+            mm_input_embeds=None, positions=positions,
+            forward_mode=SimpleNamespace(is_extend=lambda: False, is_draft_extend_v2=lambda: False),
+            contains_mm_inputs=lambda: False, spec_info=SimpleNamespace(hidden_states=hidden.to(self.dtype)),
+        )
+        normed, aux = self.model.model(tokens, positions, fb)
+        return normed @ self.model.lm_head.weight.T, aux[0]
+
+    def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return self.hot_token_id[draft_ids]
