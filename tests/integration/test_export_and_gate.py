@@ -1,0 +1,93 @@
+"""The export loads in SGLang's own LlamaForCausalLMEagle3 and computes what the trainer computed;
+the consistency gate passes with a trained draft and fails with random weights."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, TINY_CONFIG, eaglebox_cli, free_port
+
+pytestmark = pytest.mark.sglang
+
+PARITY = r"""
+import json, sys, torch
+from pathlib import Path
+from safetensors.torch import load_file
+from eaglebox.bench.sglang_draft import SGLangDraft
+from eaglebox.config import load_config
+from eaglebox.shards.format import ShardReader
+from eaglebox.train.model import Eagle3Draft, shift_left, ttt_attention
+from eaglebox.train.target import draft_spec, load_embed_and_head
+
+draft_dir, shards, steps = Path(sys.argv[1]), sys.argv[2], 3
+cfg = load_config(sys.argv[3])
+embed, _ = load_embed_and_head(Path(cfg.model.path))
+sg = SGLangDraft(draft_dir)
+sg.set_embed(embed.float())
+ours = Eagle3Draft(draft_spec(cfg.model.path, cfg.train.draft, 3))
+weights = {k: v.float() if v.is_floating_point() else v for k, v in load_file(draft_dir / "model.safetensors").items()}
+ours.load_state_dict(weights, strict=False)
+ours.embed_tokens.weight.data.copy_(embed.float())
+s = ShardReader(shards).get(0)
+T = min(48, s["input_ids"].shape[0])
+ids, aux = s["input_ids"][:T][None], s["aux"][:T].float()[None]
+# the trainer's TTT unroll
+h, keys, vals, logits = ours.fc(aux), [], [], []
+pos = torch.arange(T)[None]
+with torch.no_grad():
+    for i in range(steps):
+        q, k, v = ours.qkv(ours.embed_tokens(shift_left(ids, 1 + i)), h, pos + i)
+        keys.append(k); vals.append(v)
+        h = ours.finish(h, ttt_attention(q, keys, vals, torch.ones(1, T, dtype=torch.bool)))
+        logits.append(ours.logits(h)[0])
+# SGLang: extend over 0..t, then chain steps with the true tokens, as the server drafts
+worst = 0.0
+for t in (5, T // 2, T - 1 - steps):
+    sg.reset()
+    lg, hh = sg.forward(ids[0, 1 : t + 2], aux[0, : t + 1], torch.arange(t + 1))
+    worst = max(worst, (lg[-1] - logits[0][t]).abs().max().item())
+    for i in range(1, steps):
+        lg, hh = sg.forward(ids[0, t + 1 + i : t + 2 + i], hh[-1:], torch.tensor([t + i]))
+        worst = max(worst, (lg[-1] - logits[i][t]).abs().max().item())
+scale = max(l.abs().max().item() for l in logits)
+print(json.dumps({"max_abs_diff": worst, "logit_scale": scale,
+                  "hot_token_id_ok": bool((sg.hot_token_id == ours.t2d.nonzero().squeeze(-1)).all())}))
+"""
+
+
+def test_export_matches_sglang_llama_eagle3_forward(tiny_shards, tmp_path):
+    out = tmp_path / "train"
+    r = eaglebox_cli("train", "--config", str(TINY_CONFIG), f"extract.output_dir={tiny_shards}",
+                     f"train.output_dir={out}", "train.max_steps=6", "train.batch_size=4", "train.max_length=320")
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = json.loads((out / "draft" / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
+    assert cfg["eaglebox"]["convention"] == "output_of_layer" and cfg["eaglebox"]["engine_version"] == "0.5.23"
+    p = subprocess.run([sys.executable, "-c", PARITY, str(out / "draft"), str(tiny_shards), str(TINY_CONFIG)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = json.loads(p.stdout.strip().splitlines()[-1])
+    assert res["hot_token_id_ok"]
+    assert res["max_abs_diff"] < 1e-3 * max(1.0, res["logit_scale"]), res
+
+
+def test_gate_passes_trained_and_rejects_random_weights(tiny_target, tmp_path):
+    r = eaglebox_cli("check", "--config", str(TINY_CONFIG), f"engine.port={free_port()}",
+                     f"extract.output_dir={tmp_path / 'shards'}", f"train.output_dir={tmp_path / 'train'}",
+                     f"bench.output_dir={tmp_path / 'bench'}", timeout=1800)
+    report = json.loads((tmp_path / "bench" / "check.json").read_text())
+    print(json.dumps({k: report[k]["accept_length"] for k in ("trained", "random_control")}))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert report["trained"]["accept_length"] >= 2.0
+    assert report["random_control"]["accept_length"] <= 1.3
+    assert report["trained"]["engine_version"] == "0.5.23"
+    assert len(report["trained"]["accept_rate_per_position"]) == 3
+
+    # the same gate with the bar set above what the draft reaches fails, with the numbers
+    r = eaglebox_cli("check", "--config", str(TINY_CONFIG), f"engine.port={free_port()}",
+                     f"extract.output_dir={tmp_path / 'shards'}", f"train.output_dir={tmp_path / 'train'}",
+                     f"bench.output_dir={tmp_path / 'bench2'}", "bench.min_accept_length=4.5", timeout=1800)
+    assert r.returncode == 1 and "check FAILED: trained AL" in r.stdout
