@@ -7,17 +7,17 @@ the rows -- the concatenated aux layers in ``logits_output.hidden_states`` and t
 hidden state in ``logits_output.last_hidden_states`` -- to :class:`CaptureSink`, for every chunk,
 and puts only a metadata dict into the response. Other requests take the stock path.
 
-Installed by a post-import hook, because SGLang's scheduler is a ``spawn``-ed process.
+Installed by a post-import hook (:mod:`eaglebox.engine.post_import`) in every process, because
+SGLang's scheduler is a ``spawn``-ed process.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.util
 import os
 import sys
 
 from eaglebox import SGLANG_VERSION
+from eaglebox.engine.post_import import on_import
 
 TARGET_MODULE = "sglang.srt.managers.scheduler_components.batch_result_processor"
 
@@ -90,26 +90,5 @@ def patch(module) -> None:
     print(f"[eaglebox] capture hook active in pid {os.getpid()} (SGLang {sglang.__version__})", file=sys.stderr)
 
 
-class _PostImport(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path, target=None):
-        if fullname != TARGET_MODULE:
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        if spec is None:
-            return None
-        exec_module = spec.loader.exec_module
-
-        def exec_and_patch(module):
-            exec_module(module)
-            patch(module)
-
-        spec.loader.exec_module = exec_and_patch
-        return spec
-
-
 def install_import_hook() -> None:
-    if TARGET_MODULE in sys.modules:
-        patch(sys.modules[TARGET_MODULE])
-    elif not any(isinstance(f, _PostImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PostImport())
+    on_import(TARGET_MODULE, patch)

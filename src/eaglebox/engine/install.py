@@ -3,7 +3,8 @@
 SGLang starts its scheduler with multiprocessing ``spawn``, so a patch made in the launching process
 never reaches the process that runs the model. A ``.pth`` file in site-packages runs in every
 interpreter of the environment: one imports the capture hook (inert unless ``EAGLEBOX_CAPTURE_DIR``
-is set), and with ``--cpu`` another puts the ``sgl_kernel`` stand-in on ``sys.path``.
+is set), and with ``--cpu`` another puts the ``sgl_kernel`` stand-in on ``sys.path`` and installs
+the CPU corrections of :mod:`eaglebox.engine.cpu_patches` (inert unless ``SGLANG_USE_CPU_ENGINE=1``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def install(cpu: bool, site: Path | None = None) -> list[Path]:
         spec = importlib.util.find_spec("sgl_kernel")
         if spec is not None and not str(spec.origin).startswith(str(SHIM_DIR)):
             raise SystemExit(f"a real sgl_kernel is installed at {spec.origin}; the CPU stand-in would shadow it")
-        (site / CPU_PTH).write_text(f"{SHIM_DIR}\n")
+        (site / CPU_PTH).write_text(f"{SHIM_DIR}\nimport eaglebox.engine.cpu_patches as p; p.install()\n")
         written.append(site / CPU_PTH)
     return written
 
