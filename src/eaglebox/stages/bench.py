@@ -1,0 +1,30 @@
+"""``eaglebox bench``: served AL and tok/s against the target alone; ``bench.min_accept_length`` gates."""
+
+import json
+from pathlib import Path
+
+from eaglebox.errors import EagleboxError
+
+
+def run(cfg) -> int:
+    from transformers import AutoTokenizer
+
+    from eaglebox.bench.prompts import load_prompts
+    from eaglebox.bench.served import bench_served
+    from eaglebox.serve.provenance import check_provenance
+
+    if cfg.serve.draft_path is None or cfg.bench.prompts is None:
+        raise EagleboxError("serve.draft_path and bench.prompts: required to bench")
+    check_provenance(cfg)
+    prompts = load_prompts(cfg.bench.prompts, AutoTokenizer.from_pretrained(cfg.model.path), cfg.bench.num_prompts)
+    r = bench_served(cfg, prompts, Path(cfg.bench.output_dir))
+    a = r["acceptance"]
+    print(json.dumps({"sglang": r["engine_version"], "accept_length": a["accept_length"],
+                      "accept_rate_per_position": a["accept_rate_per_position"],
+                      "outputs_equal_target_greedy": r["outputs_equal_target_greedy"],
+                      "throughput": r["throughput"]}, indent=1))
+    gate = cfg.bench.min_accept_length
+    if gate is not None and (a["accept_length"] or 0) < gate:
+        print(f"bench FAILED: AL {a['accept_length']} < bench.min_accept_length {gate}")
+        return 1
+    return 0
