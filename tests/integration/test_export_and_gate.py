@@ -74,11 +74,18 @@ def test_export_matches_sglang_llama_eagle3_forward(tiny_shards, tmp_path):
     assert res["max_abs_diff"] < 1e-3 * max(1.0, res["logit_scale"]), res
 
 
-def test_gate_passes_trained_and_rejects_random_weights(tiny_target, tmp_path):
-    r = eaglebox_cli("check", "--config", str(TINY_CONFIG), f"engine.port={free_port()}",
-                     f"extract.output_dir={tmp_path / 'shards'}", f"train.output_dir={tmp_path / 'train'}",
-                     f"bench.output_dir={tmp_path / 'bench'}", timeout=1800)
-    report = json.loads((tmp_path / "bench" / "check.json").read_text())
+@pytest.fixture(scope="module")
+def gate(tiny_target, tmp_path_factory):
+    """One run of the consistency gate (capture, train, export, offline acceptance)."""
+    d = tmp_path_factory.mktemp("gate")
+    args = ["--config", str(TINY_CONFIG), f"extract.output_dir={d / 'shards'}", f"train.output_dir={d / 'train'}"]
+    r = eaglebox_cli("check", *args, f"engine.port={free_port()}", f"bench.output_dir={d / 'bench'}", timeout=1800)
+    return d, args, r
+
+
+def test_gate_passes_trained_and_rejects_random_weights(gate):
+    d, args, r = gate
+    report = json.loads((d / "bench" / "check.json").read_text())
     print(json.dumps({k: report[k]["accept_length"] for k in ("trained", "random_control")}))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert report["trained"]["accept_length"] >= 2.0
@@ -86,8 +93,31 @@ def test_gate_passes_trained_and_rejects_random_weights(tiny_target, tmp_path):
     assert report["trained"]["engine_version"] == "0.5.23"
     assert len(report["trained"]["accept_rate_per_position"]) == 3
 
-    # the same gate with the bar set above what the draft reaches fails, with the numbers
-    r = eaglebox_cli("check", "--config", str(TINY_CONFIG), f"engine.port={free_port()}",
-                     f"extract.output_dir={tmp_path / 'shards'}", f"train.output_dir={tmp_path / 'train'}",
-                     f"bench.output_dir={tmp_path / 'bench2'}", "bench.min_accept_length=4.5", timeout=1800)
+    # the same gate with the bar above what the draft reaches fails, with the numbers (resumes: no retraining)
+    r = eaglebox_cli("check", *args, f"engine.port={free_port()}", f"bench.output_dir={d / 'bench2'}",
+                     "bench.min_accept_length=4.5", timeout=1800)
     assert r.returncode == 1 and "check FAILED: trained AL" in r.stdout
+
+
+SERVED = ROOT / "configs" / "tiny-cpu-served.yaml"
+
+
+def test_served_speculation_equals_greedy_and_agrees_with_offline_al(gate):
+    """SGLang's own EAGLE-3 path on CPU (Triton interpreter, fp32): output must equal the target's
+    greedy output token for token, and its AL must agree with the offline evaluator's."""
+    d, _, _ = gate
+    n = 4
+    r = eaglebox_cli("bench", "--config", str(SERVED), f"serve.draft_path={d / 'train' / 'draft'}",
+                     f"engine.port={free_port()}", f"bench.output_dir={d / 'served'}", f"bench.num_prompts={n}",
+                     "bench.concurrency=[1]", "bench.max_new_tokens=48", timeout=1800)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    served = json.loads((d / "served" / "bench.json").read_text())
+    offline = json.loads((d / "bench" / "check.json").read_text())["trained"]
+    assert served["outputs_equal_target_greedy"] is True
+    assert served["engine_version"] == "0.5.23"
+    served_al = served["acceptance"]["accept_length"]
+    offline_al = sum(offline["accept_length_per_request"][:n]) / n
+    print(json.dumps({"served_al": served_al, "offline_al_same_prompts": offline_al,
+                      "served_per_request": served["acceptance"]["accept_length_per_request"],
+                      "offline_per_request": offline["accept_length_per_request"][:n]}))
+    assert abs(served_al - offline_al) / offline_al < 0.15

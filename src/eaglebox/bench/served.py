@@ -57,21 +57,25 @@ def bench_served(cfg, prompts: list[list[int]], out_dir: Path, log=print) -> dic
     out_dir.mkdir(parents=True, exist_ok=True)
     b = cfg.bench
     runs = {}
-    for mode in ("plain", "speculative"):
-        with server_for(cfg, mode, out_dir / f"{mode}-server.log") as srv:
-            log(f"bench: {mode} server healthy after {srv.startup_s:.1f} s")
-            runs[mode] = [run_prompts(srv.url, prompts, b.max_new_tokens, c) for c in b.concurrency]
-    spec_c1, plain_c1 = runs["speculative"][0], runs["plain"][0]
+    if b.url:
+        runs["speculative"] = [run_prompts(b.url.rstrip("/"), prompts, b.max_new_tokens, c) for c in b.concurrency]
+    else:
+        for mode in ("plain", "speculative"):
+            with server_for(cfg, mode, out_dir / f"{mode}-server.log") as srv:
+                log(f"bench: {mode} server healthy after {srv.startup_s:.1f} s")
+                runs[mode] = [run_prompts(srv.url, prompts, b.max_new_tokens, c) for c in b.concurrency]
+    spec = runs["speculative"]
+    plain = runs.get("plain")
     report = {
         "engine": "sglang", "engine_version": engine_version(), "draft": str(cfg.serve.draft_path),
-        "num_steps": cfg.serve.num_steps, "eagle_topk": cfg.serve.eagle_topk,
+        "server": b.url or "started by the bench", "num_steps": cfg.serve.num_steps, "eagle_topk": cfg.serve.eagle_topk,
         "num_draft_tokens": cfg.serve.num_draft_tokens, "prompts": len(prompts), "max_new_tokens": b.max_new_tokens,
-        "acceptance": acceptance(spec_c1["meta"], cfg.serve.num_steps),
-        "outputs_equal_target_greedy": spec_c1["outputs"] == plain_c1["outputs"],
-        "throughput": [{"concurrency": p["concurrency"], "target_tokens_per_s": p["tokens_per_s"],
-                        "speculative_tokens_per_s": s["tokens_per_s"],
-                        "speedup": round(s["tokens_per_s"] / p["tokens_per_s"], 3)}
-                       for p, s in zip(runs["plain"], runs["speculative"])],
+        "acceptance": acceptance(spec[0]["meta"], cfg.serve.num_steps),
+        "outputs_equal_target_greedy": spec[0]["outputs"] == plain[0]["outputs"] if plain else None,
+        "throughput": [{"concurrency": s["concurrency"], "speculative_tokens_per_s": s["tokens_per_s"],
+                        "target_tokens_per_s": p["tokens_per_s"] if p else None,
+                        "speedup": round(s["tokens_per_s"] / p["tokens_per_s"], 3) if p else None}
+                       for s, p in zip(spec, plain or [None] * len(spec))],
     }
     (out_dir / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
     plot_bench(report, out_dir / "bench.png")
@@ -92,7 +96,7 @@ def plot_bench(report: dict, path: Path) -> Path:
     axes[1].set(title="acceptance per draft position", xlabel="draft position", ylim=(0, 1))
     t = report["throughput"]
     x = range(len(t))
-    axes[2].bar([i - 0.2 for i in x], [r["target_tokens_per_s"] for r in t], width=0.4, label="target alone")
+    axes[2].bar([i - 0.2 for i in x], [r["target_tokens_per_s"] or 0 for r in t], width=0.4, label="target alone")
     axes[2].bar([i + 0.2 for i in x], [r["speculative_tokens_per_s"] for r in t], width=0.4, label="EAGLE-3")
     axes[2].set(title="tok/s", xticks=list(x), xticklabels=[f"c={r['concurrency']}" for r in t])
     axes[2].legend()

@@ -130,6 +130,9 @@ class BenchConfig(Section):
     concurrency: list[int] = [1, 8]
     min_accept_length: float | None = None
     output_dir: Path = Path("runs/bench")
+    url: str | None = None
+    """A running target + draft server to measure (the compose ``target`` service). None starts the
+    target alone and then target + draft, one after the other, for a side-by-side baseline."""
 
 
 class ImageConfig(Section):

@@ -176,10 +176,11 @@ def target_probs(last: torch.Tensor, lm_head_weight: torch.Tensor, t2d: torch.Te
     draft_ids = t2d.nonzero().squeeze(-1)
     probs, in_vocab = [], []
     flat = last.reshape(-1, last.shape[-1])
+    w = lm_head_weight.to(last.dtype)
     for rows in flat.split(chunk):
-        full = rows.float() @ lm_head_weight.float().T
+        full = rows @ w.T  # in the target's dtype, as its lm_head runs when serving
         in_vocab.append(t2d[full.argmax(-1)])
-        probs.append(full[:, draft_ids].softmax(-1))
+        probs.append(full[:, draft_ids].float().softmax(-1))
     shape = last.shape[:-1]
     return torch.cat(probs).view(*shape, -1), torch.cat(in_vocab).view(shape)
 

@@ -1,0 +1,147 @@
+"""The CPU image on a real Docker engine: extract -> train -> serve -> bench in containers, and the
+compose stack with the CPU override. testcontainers drives the containers; the image is built with
+the engine's BuildKit (the Dockerfile builds only the variant it is asked for)."""
+
+import json
+import os
+import subprocess
+import time
+
+import pytest
+import requests
+from testcontainers.compose import DockerCompose
+from testcontainers.core.container import DockerContainer
+
+from conftest import ROOT, free_port
+
+pytestmark = pytest.mark.docker
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+IMAGE = "eaglebox:cpu"
+DOCKER = "/usr/bin/docker"  # Debian's 20.10 client: BuildKit without buildx
+
+
+@pytest.fixture(scope="module")
+def cpu_image():
+    assert subprocess.run([DOCKER, "info"], capture_output=True).returncode == 0, \
+        "no Docker engine: run docker/engine-setup.sh (as .ci/run does)"
+    assert (ROOT / ".cache" / "wheels").is_dir(), "no wheels for the CPU image: run `make wheels`"
+    r = subprocess.run([DOCKER, "build", "--network", "host", "--build-arg", "VARIANT=cpu",
+                        "--build-arg", "CPU_BASE_IMAGE=local/debian:bookworm", "-t", IMAGE, "."],
+                       cwd=ROOT, capture_output=True, text=True, env={**os.environ, "DOCKER_BUILDKIT": "1"},
+                       timeout=1800)
+    assert r.returncode == 0, r.stderr[-4000:]
+    assert "capture hook accepts SGLang 0.5.23" in r.stderr + r.stdout or "CACHED" in r.stderr
+    return IMAGE
+
+
+def run_to_end(image, args, volumes, timeout=900) -> str:
+    c = DockerContainer(image).with_command(args).with_kwargs(network_mode="host")
+    for host, (cont, mode) in volumes.items():
+        c = c.with_volume_mapping(str(host), cont, mode)
+    c.start()
+    try:
+        result = c.get_wrapped_container().wait(timeout=timeout)
+        logs = c.get_wrapped_container().logs().decode(errors="replace")
+        assert result["StatusCode"] == 0, logs[-4000:]
+        return logs
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="module")
+def loop_dirs(cpu_image, tiny_target, tmp_path_factory):
+    data = tmp_path_factory.mktemp("container-data")
+    data.chmod(0o777)
+    volumes = {tiny_target.parent: ("/models/tiny", "ro"), ROOT / "configs": ("/configs", "ro"), data: ("/data", "rw")}
+    paths = ["model.path=/models/tiny/target", "extract.dataset=/models/tiny/data/train.jsonl",
+             "extract.output_dir=/data/shards", "train.output_dir=/data/train"]
+    run_to_end(cpu_image, ["extract", "--config", "/configs/tiny-cpu.yaml", *paths, f"engine.port={free_port()}",
+                           "extract.max_samples=96", "extract.regenerate_max_new_tokens=24"], volumes)
+    run_to_end(cpu_image, ["train", "--config", "/configs/tiny-cpu.yaml", *paths, "train.max_steps=40",
+                           "train.max_length=320"], volumes)
+    return data, volumes
+
+
+def test_image_prints_usage_and_runs_as_a_user(cpu_image):
+    logs = run_to_end(cpu_image, [], {})
+    assert "usage: <extract|train|export|parity|serve|bench|check>" in logs
+    c = DockerContainer(cpu_image).with_kwargs(entrypoint=["id", "-u"])
+    c.start()
+    try:
+        c.get_wrapped_container().wait(timeout=60)
+        assert c.get_wrapped_container().logs().decode().strip() == "1000"
+    finally:
+        c.stop()
+
+
+SERVED = ["model.path=/models/tiny/target", "serve.draft_path=/data/train/draft",
+          "bench.prompts=/models/tiny/data/heldout.jsonl", "bench.num_prompts=2", "bench.max_new_tokens=16",
+          "bench.concurrency=[1]", "bench.min_accept_length=1.0"]
+
+
+def wait_health(url: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1)
+    raise AssertionError(f"{url} not healthy after {timeout} s")
+
+
+def test_extract_train_serve_bench_in_containers(cpu_image, loop_dirs):
+    data, volumes = loop_dirs
+    manifest = json.loads((data / "shards" / "manifest.json").read_text())
+    assert manifest["capture"]["engine_version"] == "0.5.23" and manifest["samples"] > 0
+    assert (data / "train" / "draft" / "config.json").exists()
+    port = free_port()
+    server = DockerContainer(cpu_image).with_command(
+        ["serve", "--config", "/configs/tiny-cpu-served.yaml", *SERVED, f"engine.port={port}"]
+    ).with_kwargs(network_mode="host")
+    for host, (cont, mode) in volumes.items():
+        server = server.with_volume_mapping(str(host), cont, mode)
+    server.start()
+    try:
+        wait_health(f"http://127.0.0.1:{port}")
+        run_to_end(cpu_image, ["bench", "--config", "/configs/tiny-cpu-served.yaml", *SERVED,
+                               f"bench.url=http://127.0.0.1:{port}", "bench.output_dir=/data/bench"], volumes)
+    finally:
+        server.stop()
+    report = json.loads((data / "bench" / "bench.json").read_text())
+    assert report["engine_version"] == "0.5.23"
+    assert report["acceptance"]["accept_length"] >= 1.0 and report["acceptance"]["verify_ct"] > 0
+
+
+def test_compose_stack_with_cpu_override(cpu_image, loop_dirs, tiny_target, tmp_path):
+    data, _ = loop_dirs
+    models = tmp_path / "models"
+    models.mkdir()
+    subprocess.run(["cp", "-r", str(tiny_target), str(models / "target")], check=True)
+    subprocess.run(["cp", "-r", str(data / "train" / "draft"), str(models / "draft")], check=True)
+    subprocess.run(["cp", str(tiny_target.parent / "data" / "heldout.jsonl"), str(models)], check=True)
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    text = (ROOT / "configs" / "tiny-cpu-served.yaml").read_text()
+    text = text.replace("path: .cache/tiny/target", "path: /models/target")
+    text = text.replace("draft_path: runs/tiny/train/draft", "draft_path: /models/draft")
+    text = text.replace("prompts: .cache/tiny/data/heldout.jsonl", "prompts: /models/heldout.jsonl")
+    text = text.replace("num_prompts: 16", "num_prompts: 2").replace("max_new_tokens: 48", "max_new_tokens: 16")
+    text = text.replace("concurrency: [1, 4]", "concurrency: [1]").replace("output_dir: runs/tiny/bench-served",
+                                                                           "output_dir: /data/bench")
+    (configs / "tiny.yaml").write_text(text)
+    port = free_port()
+    env = tmp_path / "compose.env"
+    env.write_text(f"EAGLEBOX_IMAGE={cpu_image}\nEAGLEBOX_MODELS={models}\nEAGLEBOX_CONFIGS={configs}\n"
+                   f"EAGLEBOX_CONFIG=tiny.yaml\nEAGLEBOX_PORT={port}\nEAGLEBOX_START_PERIOD=600s\n")
+    stack = DockerCompose(str(ROOT / "compose"), compose_file_name=["compose.yaml", "compose.cpu.yaml"],
+                          env_file=str(env), services=["target"], wait=True)
+    project = ["--project-name", stack.project_name] if getattr(stack, "project_name", None) else []
+    base = [DOCKER, "compose", *project, "--env-file", str(env), "-f", "compose.yaml", "-f", "compose.cpu.yaml"]
+    with stack:
+        assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        r = subprocess.run([*base, "--profile", "bench", "run", "--rm", "bench"], cwd=ROOT / "compose",
+                           capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        assert '"accept_length"' in r.stdout
