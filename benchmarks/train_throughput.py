@@ -111,7 +111,7 @@ def run_specforge(seq: int, ttt: int, steps: int, backend: str) -> dict:
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=True)
     weights = [0.8**i for i in range(ttt)]
-    ids, mask = batch["input_ids"], batch["loss_mask"].long()
+    ids, mask = batch["input_ids"], batch["loss_mask"].long()[..., None]  # SpecForge takes [B, T, 1]
 
     def step():
         with torch.autocast("cuda", dtype=torch.bfloat16):

@@ -1,4 +1,4 @@
-"""Activate eaglebox inside an SGLang environment: ``python -m eaglebox.engine.install [--cpu]``.
+"""Activate eaglebox inside an SGLang environment: ``python -m eaglebox.engine.install [--variant cpu]``.
 
 SGLang starts its scheduler with multiprocessing ``spawn``, so a patch made in the launching process
 never reaches the process that runs the model. A ``.pth`` file in site-packages runs in every
@@ -34,8 +34,9 @@ def install(cpu: bool, site: Path | None = None) -> list[Path]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--cpu", action="store_true", help="also install the sgl_kernel CPU stand-in")
-    for path in install(p.parse_args().cpu):
+    p.add_argument("--variant", choices=["gpu", "cpu"], default="gpu",
+                   help="cpu also installs the sgl_kernel stand-in and the CPU corrections")
+    for path in install(p.parse_args().variant == "cpu"):
         print(f"wrote {path}")
 
 

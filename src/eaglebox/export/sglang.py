@@ -94,9 +94,12 @@ def check_export(path: Path) -> dict:
                             "LlamaForCausalLMEagle3 ignores or trains differently")
     if cfg.get("tie_word_embeddings"):
         raise EagleboxError(f"{path}: tie_word_embeddings would make SGLang use the embedding as lm_head")
-    with safe_open(str(path / "model.safetensors"), "pt") as f:
-        keys = set(f.keys())
-        shapes = {k: tuple(f.get_slice(k).get_shape()) for k in keys}
+    try:
+        with safe_open(str(path / "model.safetensors"), "pt") as f:
+            keys = set(f.keys())
+            shapes = {k: tuple(f.get_slice(k).get_shape()) for k in keys}
+    except OSError as err:
+        raise EagleboxError(f"{path / 'model.safetensors'}: cannot read ({err})") from err
     if keys != SERVING_KEYS:
         raise EagleboxError(f"{path}: weights {sorted(keys ^ SERVING_KEYS)} differ from what SGLang loads")
     H, V = cfg["hidden_size"], cfg["draft_vocab_size"]

@@ -1,6 +1,6 @@
 """CPU stand-in for ``sgl_kernel`` (SGLang 0.5.23 on a machine without a GPU driver).
 
-Put on ``sys.path`` only by the CPU install (``python -m eaglebox.engine.install --cpu``). It exports
+Put on ``sys.path`` only by the CPU install (``python -m eaglebox.engine.install --variant cpu``). It exports
 exactly the functions SGLang's CPU engine imports (torch versions in ``eaglebox.engine.cpu_kernels``);
 every other name raises ImportError so SGLang's own ``try: from sgl_kernel ... except ImportError``
 fallbacks keep working, and ``torch.ops.sgl_kernel`` stays unregistered so SGLang sees no AMX.
