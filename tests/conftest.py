@@ -8,6 +8,11 @@ from pathlib import Path
 
 import pytest
 
+# testcontainers reads these when it is imported: no reaper image can be pulled here, and this
+# machine looks like a container itself (/.dockerenv), so talk to the engine as the host.
+os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
+os.environ.setdefault("TESTCONTAINERS_CONNECTION_MODE", "docker_host")
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / ".cache" / "tiny"
 TINY_CONFIG = ROOT / "configs" / "tiny-cpu.yaml"

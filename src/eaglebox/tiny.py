@@ -170,6 +170,8 @@ def make_tiny_target(out: Path, *, log=print) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
+    for f in tmp.iterdir():  # readable by the container user too (the weights are written 0600)
+        f.chmod(0o644)
     (tmp / "eaglebox-tiny.json").write_text(json.dumps(
         {"recipe": RECIPE, "final_loss": round(loss.item(), 4), "train_s": round(time.monotonic() - t0, 1)},
         indent=1))

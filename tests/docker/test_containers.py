@@ -15,7 +15,6 @@ from testcontainers.core.container import DockerContainer
 from conftest import ROOT, free_port
 
 pytestmark = pytest.mark.docker
-os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 IMAGE = "eaglebox:cpu"
 DOCKER = "/usr/bin/docker"  # Debian's 20.10 client: BuildKit without buildx
 

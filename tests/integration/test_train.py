@@ -55,6 +55,13 @@ def test_kill_9_then_resume_reproduces_the_uninterrupted_loss_curve(tiny_shards,
     ref_draft = (tmp_path / "ref" / "draft" / "model.safetensors").read_bytes()
     assert (cut / "draft" / "model.safetensors").read_bytes() == ref_draft
 
+    # `eaglebox export` rebuilds the same draft from the newest checkpoint
+    (cut / "draft" / "model.safetensors").unlink()
+    r = eaglebox_cli("export", "--config", str(TINY_CONFIG), f"extract.output_dir={tiny_shards}",
+                     f"train.output_dir={cut}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (cut / "draft" / "model.safetensors").read_bytes() == ref_draft
+
 
 def test_torchrun_two_ranks_equal_one_rank_with_the_same_global_batch(tiny_shards, tmp_path):
     one = subprocess.run(train_cmd(tiny_shards, tmp_path / "one", "train.batch_size=4", "train.max_steps=4"),

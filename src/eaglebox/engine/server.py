@@ -16,8 +16,10 @@ from pathlib import Path
 
 import requests
 
+from eaglebox.errors import EagleboxError
 
-class ServerError(RuntimeError):
+
+class ServerError(EagleboxError):
     pass
 
 

@@ -24,9 +24,11 @@ def text_config(model_path: Path) -> dict:
 def draft_spec(model_path: Path, draft_cfg, num_aux: int) -> DraftSpec:
     t = text_config(model_path)
     H = int(t["hidden_size"])
-    heads = draft_cfg.num_attention_heads or int(t["num_attention_heads"])
+    target_heads = int(t["num_attention_heads"])
+    heads = draft_cfg.num_attention_heads or target_heads
     kv = draft_cfg.num_key_value_heads or int(t.get("num_key_value_heads", heads))
-    head_dim = int(t.get("head_dim") or H // heads) if draft_cfg.num_attention_heads is None else H // heads
+    # the target's head_dim unless the draft names its own head count
+    head_dim = H // heads if draft_cfg.num_attention_heads else int(t.get("head_dim") or H // target_heads)
     if heads % kv:
         raise EagleboxError(f"train.draft: {heads} attention heads are not a multiple of {kv} KV heads")
     rope = t.get("rope_parameters") or t.get("rope_scaling")

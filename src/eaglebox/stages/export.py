@@ -1,0 +1,25 @@
+"""``eaglebox export``: the SGLang draft directory from the newest checkpoint (training does this at its end)."""
+
+from pathlib import Path
+
+from eaglebox.errors import EagleboxError
+
+
+def run(cfg) -> int:
+    from safetensors.torch import load_file
+
+    from eaglebox.export.sglang import export_draft
+    from eaglebox.shards.format import ShardReader
+    from eaglebox.train import checkpoint
+    from eaglebox.train.loop import provenance
+    from eaglebox.train.target import draft_spec
+
+    ckpt = checkpoint.latest(Path(cfg.train.output_dir) / "checkpoints")
+    if ckpt is None:
+        raise EagleboxError(f"{cfg.train.output_dir}/checkpoints: no checkpoint; run `eaglebox train` first")
+    reader = ShardReader(cfg.extract.output_dir)
+    spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.header["layer_ids"]))
+    out = export_draft(Path(cfg.train.output_dir) / "draft", spec, load_file(ckpt / "model.safetensors"),
+                       provenance(reader, cfg))
+    print(f"export: {ckpt} -> {out}")
+    return 0
