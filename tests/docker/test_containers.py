@@ -78,9 +78,13 @@ SERVED = ["model.path=/models/tiny/target", "serve.draft_path=/data/train/draft"
           "bench.concurrency=[1]", "bench.min_accept_length=1.0"]
 
 
-def wait_health(url: str, timeout: float = 600) -> None:
+def wait_health(url: str, container, timeout: float = 600) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        wrapped = container.get_wrapped_container()
+        wrapped.reload()
+        if wrapped.status == "exited":
+            raise AssertionError("the server container exited:\n" + wrapped.logs().decode(errors="replace")[-4000:])
         try:
             if requests.get(url + "/health", timeout=2).status_code == 200:
                 return
@@ -103,7 +107,7 @@ def test_extract_train_serve_bench_in_containers(cpu_image, loop_dirs):
         server = server.with_volume_mapping(str(host), cont, mode)
     server.start()
     try:
-        wait_health(f"http://127.0.0.1:{port}")
+        wait_health(f"http://127.0.0.1:{port}", server)
         run_to_end(cpu_image, ["bench", "--config", "/configs/tiny-cpu-served.yaml", *SERVED,
                                f"bench.url=http://127.0.0.1:{port}", "bench.output_dir=/data/bench"], volumes)
     finally:

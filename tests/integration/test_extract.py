@@ -40,7 +40,8 @@ def capture_server(tiny_target, tiny_cfg_path, tmp_path_factory):
 def extract(cfg, srv, staging, out, *overrides):
     from eaglebox.config import load_config as reload
 
-    cfg = reload(TINY_CONFIG(), [f"engine.port={cfg.engine.port}", f"extract.output_dir={out}", *overrides])
+    cfg = reload(TINY_CONFIG(), [f"engine.port={cfg.engine.port}", f"extract.output_dir={out}",
+                                 "extract.regenerate=false", *overrides])
     spec = capture_spec(cfg)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     plan = prepare(cfg, spec, tok, log=lambda *_: None)
@@ -98,6 +99,7 @@ def run_cli(out: Path, port: int, *extra) -> subprocess.Popen:
 
     return subprocess.Popen([sys.executable, "-m", "eaglebox.cli", "extract", "--config", str(TINY_CONFIG),
                              f"extract.output_dir={out}", f"engine.port={port}", "extract.max_samples=40",
+                             "extract.regenerate=false",
                              "extract.shard_size=4", "extract.concurrency=1", *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -140,7 +142,7 @@ def test_bad_row_fails_before_anything_is_written(tiny_target, tmp_path):
     data = tmp_path / "bad.jsonl"
     good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
     data.write_text(good + "\n" + '{"messages": [}\n')
-    p = run_cli(tmp_path / "out", free_port(), f"extract.dataset={data}")
+    p = run_cli(tmp_path / "out", free_port(), f"extract.dataset={data}", "extract.on_bad_row=error")
     out = p.communicate(timeout=300)[0]
     assert p.returncode == 1
     assert f"{data}: line 2: not valid JSON" in out

@@ -76,8 +76,9 @@ def encode_shard(samples: list[Sample], header: dict) -> bytes:
         "last": torch.cat([s.last for s in samples]),
         "offsets": torch.tensor(offsets, dtype=torch.int64),
     }
-    meta = {"format": FORMAT, "header": json.dumps(header, sort_keys=True),
-            "sample_ids": json.dumps([s.id for s in samples])}
+    # one metadata key: safetensors writes several in hash-map order, which changes between processes
+    meta = {"eaglebox": json.dumps({"format": FORMAT, "header": header, "sample_ids": [s.id for s in samples]},
+                                   sort_keys=True)}
     return st_save(tensors, metadata=meta)
 
 

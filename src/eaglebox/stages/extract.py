@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from eaglebox.capture.spec import capture_spec
@@ -29,7 +30,7 @@ def run(cfg) -> int:
     with srv:
         print(f"extract: server healthy after {srv.startup_s:.1f} s")
         manifest = capture(cfg, srv.url, spec, tokenizer, plan, staging, alive=srv.alive)
-    staging.rmdir()  # empty once every shard is committed
+    shutil.rmtree(staging, ignore_errors=True)  # committed samples are already removed; leftovers are recomputable
     print(f"extract: {manifest['samples']} samples, {manifest['tokens']:,} tokens in {len(manifest['shards'])} "
           f"shards at {out}")
     print(json.dumps({"capture": manifest["capture"]}, indent=1))
