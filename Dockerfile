@@ -20,10 +20,10 @@ ENV EAGLEBOX_VARIANT=gpu
 # --- CPU runtime: SGLang's run-time list without CUDA-only packages, from local wheels (no network),
 # and the sgl_kernel stand-in.
 FROM ${CPU_BASE_IMAGE} AS runtime-cpu
-# g++: SGLang's CPU speculative path compiles kernels with torch inductor at run time.
+# g++ and Python.h: SGLang's CPU speculative path compiles kernels with torch inductor at run time.
 # hadolint ignore=DL3008
-RUN if ! python3 -m venv --help >/dev/null 2>&1 || ! command -v g++ >/dev/null; then \
-      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv g++ \
+RUN if ! python3 -m venv --help >/dev/null 2>&1 || ! command -v g++ >/dev/null || [ ! -e "/usr/include/python3.11/Python.h" ]; then \
+      apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ \
       && rm -rf /var/lib/apt/lists/* && python3 -m venv --help >/dev/null && command -v g++ >/dev/null; \
     fi
 COPY requirements/ /tmp/requirements/

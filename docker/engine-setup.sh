@@ -36,7 +36,7 @@ fi
 
 if ! /usr/bin/docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
   root=$(mktemp -d)
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates,g++ bookworm "$root" >/dev/null
+  debootstrap --variant=minbase --include=python3,python3-venv,python3-dev,ca-certificates,g++ bookworm "$root" >/dev/null
   tar -C "$root" -c . | /usr/bin/docker import - "$BASE_TAG" >/dev/null
   rm -rf "$root"
   echo "imported $BASE_TAG"
