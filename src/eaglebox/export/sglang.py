@@ -72,6 +72,8 @@ def export_draft(out_dir: Path, spec: DraftSpec, weights: dict[str, torch.Tensor
     tmp.mkdir(parents=True)
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(draft_config(spec, provenance), indent=1) + "\n")
+    for f in tmp.iterdir():  # safetensors writes 0600; a serving container runs as another user
+        f.chmod(0o644)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     tmp.rename(out_dir)
