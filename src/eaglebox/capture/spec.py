@@ -7,7 +7,7 @@ import importlib.metadata
 from pathlib import Path
 
 from eaglebox.config import Config
-from eaglebox.engine.launch import sglang_layer_ids, target_config
+from eaglebox.engine.launch import sglang_layer_ids, target_config, text_config
 from eaglebox.layers import SGLANG_CONVENTION, convert_layer_ids
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -29,8 +29,7 @@ def target_dtype(cfg: Config) -> str:
 
 
 def capture_spec(cfg: Config) -> dict:
-    hf = target_config(cfg)
-    text = hf.get("text_config", hf)
+    text = text_config(cfg.model.path)
     ids = sglang_layer_ids(cfg)
     dtype = target_dtype(cfg)
     return {

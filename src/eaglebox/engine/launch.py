@@ -20,18 +20,26 @@ from eaglebox.layers import SGLANG_CONVENTION, check_layer_ids, convert_layer_id
 Mode = Literal["plain", "capture", "speculative"]
 
 
-def target_config(cfg: Config) -> dict:
-    path = Path(cfg.model.path) / "config.json"
+def read_target_config(model_path: Path) -> dict:
+    path = Path(model_path) / "config.json"
     try:
         return json.loads(path.read_text())
     except OSError as err:
         raise FileNotFoundError(f"model.path: cannot read {path} ({err.strerror})") from err
 
 
+def target_config(cfg: Config) -> dict:
+    return read_target_config(cfg.model.path)
+
+
+def text_config(model_path: Path) -> dict:
+    """The language model's part of the target config (VLM wrappers such as Kimi-K2.5 nest it)."""
+    hf = read_target_config(model_path)
+    return hf.get("text_config", hf)
+
+
 def num_layers(cfg: Config) -> int:
-    hf = target_config(cfg)
-    hf = hf.get("text_config", hf)
-    return int(hf["num_hidden_layers"])
+    return int(text_config(cfg.model.path)["num_hidden_layers"])
 
 
 def sglang_layer_ids(cfg: Config) -> list[int]:

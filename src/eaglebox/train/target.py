@@ -12,13 +12,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from eaglebox.engine.launch import text_config
 from eaglebox.errors import EagleboxError
 from eaglebox.train.model import DraftSpec
-
-
-def text_config(model_path: Path) -> dict:
-    hf = json.loads((Path(model_path) / "config.json").read_text())
-    return hf.get("text_config", hf)
 
 
 def draft_spec(model_path: Path, draft_cfg, num_aux: int) -> DraftSpec:
