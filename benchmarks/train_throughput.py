@@ -3,7 +3,9 @@
 Draft shaped like Llama-3.1-8B's EAGLE-3 head (hidden 4096, 32 heads, 8 KV heads, intermediate 14336,
 vocab 128256, draft vocab 32000), sequence 2048, TTT 7, synthetic features (bf16). Each trainer runs
 in its own process (fresh CUDA context, clean peak-memory counter), alternating, and the script
-prints tokens/s, peak GiB and the ratios measured in this one run.
+prints tokens/s, peak GiB and the ratios measured in this one run. First, in its own process, it
+checks that eaglebox's CUDA path (compiled blocks, flex attention, fused loss) gives the losses
+and gradients of the eager dense reference (fp32, a small draft, padded batch).
 
     python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 6] [--rounds 2]
 """
@@ -23,6 +25,8 @@ SHAPE = dict(hidden=4096, heads=32, kv_heads=8, intermediate=14336, vocab=128256
 def synthetic(seq: int, device):
     import torch
 
+    from eaglebox.train.vocab import build_vocab
+
     g = torch.Generator(device="cpu").manual_seed(0)
     H, V = SHAPE["hidden"], SHAPE["vocab"]
     batch = {
@@ -34,9 +38,10 @@ def synthetic(seq: int, device):
     }
     head = (torch.randn(V, H, generator=g) * H**-0.5).bfloat16()
     embed = (torch.randn(V, H, generator=g) * 0.02).bfloat16()
-    t2d = torch.zeros(V, dtype=torch.bool)
-    t2d[torch.randperm(V, generator=g)[: SHAPE["draft_vocab"]]] = True
-    return {k: v.to(device) for k, v in batch.items()}, head.to(device), embed.to(device), t2d.to(device)
+    counts = torch.zeros(V, dtype=torch.int64)
+    counts[torch.randperm(V, generator=g)[: SHAPE["draft_vocab"]]] = 1
+    d2t, t2d = build_vocab(counts, SHAPE["draft_vocab"])
+    return {k: v.to(device) for k, v in batch.items()}, head.to(device), embed.to(device), d2t.to(device), t2d.to(device)
 
 
 def timed(step, steps: int, warmup: int = 2):
@@ -59,16 +64,19 @@ def run_eaglebox(seq: int, ttt: int, steps: int) -> dict:
     from eaglebox.train.model import DraftSpec, Eagle3Draft
 
     dev = torch.device("cuda")
-    batch, head, embed, t2d = synthetic(seq, dev)
+    batch, head, embed, d2t, t2d = synthetic(seq, dev)
     H = SHAPE["hidden"]
     spec = DraftSpec(hidden_size=H, target_hidden_size=H, num_aux=3, num_attention_heads=SHAPE["heads"],
                      num_key_value_heads=SHAPE["kv_heads"], head_dim=H // SHAPE["heads"],
                      intermediate_size=SHAPE["intermediate"], vocab_size=SHAPE["vocab"],
                      draft_vocab_size=SHAPE["draft_vocab"], rms_norm_eps=1e-5, rope_theta=500000.0,
                      rope_scaling=None, max_position_embeddings=8192)
-    model = Eagle3Draft(spec).to(dev)
+    model = Eagle3Draft(spec)
+    model.embed_tokens.to(embed.dtype)  # as run_train does
+    model.to(dev).compile_steps()
     with torch.no_grad():
-        model.embed_tokens.weight.copy_(embed.float())
+        model.embed_tokens.weight.copy_(embed)
+        model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=True)
@@ -87,6 +95,43 @@ def run_eaglebox(seq: int, ttt: int, steps: int) -> dict:
     return {"trainer": "eaglebox", "s_per_step": dt, "tokens_per_s": seq / dt, "peak_gib": mem}
 
 
+def check_fused() -> dict:
+    import torch
+
+    from eaglebox.train.model import DraftSpec, Eagle3Draft, ttt_forward
+    from eaglebox.train.vocab import build_vocab
+
+    dev = torch.device("cuda")
+    torch.manual_seed(0)
+    spec = DraftSpec(hidden_size=256, target_hidden_size=256, num_aux=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=64, intermediate_size=512, vocab_size=1000, draft_vocab_size=300, rms_norm_eps=1e-5,
+                     rope_theta=500000.0, rope_scaling=None, max_position_embeddings=8192)
+    ref = Eagle3Draft(spec).to(dev)
+    with torch.no_grad():
+        d2t, t2d = build_vocab(torch.randint(0, 50, (1000,)), 300)
+        ref.d2t.copy_(d2t)
+        ref.t2d.copy_(t2d)
+    fast = Eagle3Draft(spec).to(dev)
+    fast.load_state_dict(ref.state_dict())
+    fast.compile_steps()
+    T = 300
+    batch = {"input_ids": torch.randint(0, 1000, (2, T), device=dev), "loss_mask": torch.rand(2, T, device=dev) > 0.2,
+             "valid": torch.ones(2, T, dtype=torch.bool, device=dev), "aux": torch.randn(2, T, 768, device=dev),
+             "last": torch.randn(2, T, 256, device=dev)}
+    batch["valid"][1, 250:] = False
+    head = torch.randn(1000, 256, device=dev) * 0.1
+    out = []
+    for model in (ref, fast):
+        losses, correct, _ = ttt_forward(model, batch, head, 5)
+        sum(0.8**i * lo for i, lo in enumerate(losses)).backward()
+        out.append((torch.stack(losses), torch.stack(correct),
+                    {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (l0, c0, g0), (l1, c1, g1) = out
+    return {"check": "fused CUDA path vs eager dense reference (fp32)",
+            "loss_max_rel_diff": float(((l0 - l1).abs() / l0.abs()).max()), "correct_equal": bool((c0 == c1).all()),
+            "grad_max_rel_diff": max(float((g0[n] - g1[n]).abs().max() / g0[n].abs().max()) for n in g0)}
+
+
 def run_specforge(seq: int, ttt: int, steps: int, backend: str) -> dict:
     import torch
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
@@ -94,7 +139,7 @@ def run_specforge(seq: int, ttt: int, steps: int, backend: str) -> dict:
     from transformers import LlamaConfig
 
     dev = torch.device("cuda")
-    batch, head, embed, t2d = synthetic(seq, dev)
+    batch, head, embed, d2t, t2d = synthetic(seq, dev)
     H = SHAPE["hidden"]
     cfg = LlamaConfig(hidden_size=H, num_attention_heads=SHAPE["heads"], num_key_value_heads=SHAPE["kv_heads"],
                       intermediate_size=SHAPE["intermediate"], vocab_size=SHAPE["vocab"], num_hidden_layers=1,
@@ -107,6 +152,7 @@ def run_specforge(seq: int, ttt: int, steps: int, backend: str) -> dict:
         draft.embed_tokens.weight.copy_(embed.float())
         draft.embed_tokens.weight.requires_grad_(False)
         draft.t2d.copy_(t2d)
+        draft.d2t.copy_(d2t)
     model = OnlineEagle3Model(draft, length=ttt, attention_backend=backend)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=True)
@@ -139,22 +185,21 @@ def main() -> None:
     if a.one:
         kind, _, backend = a.one.partition(":")
         try:
-            r = (run_eaglebox(a.seq, a.ttt, a.steps) if kind == "eaglebox"
+            r = (check_fused() if kind == "check" else run_eaglebox(a.seq, a.ttt, a.steps) if kind == "eaglebox"
                  else run_specforge(a.seq, a.ttt, a.steps, backend))
         except Exception as err:  # reported in the table, not hidden
             r = {"trainer": a.one, "error": f"{type(err).__name__}: {err}"[:600]}
         print("RESULT " + json.dumps(r), flush=True)
         return
     results = []
-    for _ in range(a.rounds):
-        for kind in ("eaglebox", "specforge:flex_attention", "specforge:sdpa"):
-            out = subprocess.run([sys.executable, __file__, "--one", kind, "--seq", str(a.seq), "--ttt", str(a.ttt),
-                                  "--steps", str(a.steps)], capture_output=True, text=True, env=os.environ)
-            line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
-            results.append(json.loads(line[-1][7:]) if line else {"trainer": kind, "error": out.stderr[-600:]})
-            print(json.dumps(results[-1]), flush=True)
+    for kind in ["check"] + ["eaglebox", "specforge:flex_attention", "specforge:sdpa"] * a.rounds:
+        out = subprocess.run([sys.executable, __file__, "--one", kind, "--seq", str(a.seq), "--ttt", str(a.ttt),
+                              "--steps", str(a.steps)], capture_output=True, text=True, env=os.environ)
+        line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
+        results.append(json.loads(line[-1][7:]) if line else {"trainer": kind, "error": out.stderr[-600:]})
+        print(json.dumps(results[-1]), flush=True)
     best = {}
-    for r in results:
+    for r in results[1:]:
         if "error" not in r and (r["trainer"] not in best or r["tokens_per_s"] > best[r["trainer"]]["tokens_per_s"]):
             best[r["trainer"]] = r
     print(f"\nseq {a.seq}, TTT {a.ttt}, draft {SHAPE}")

@@ -36,12 +36,13 @@ ids, aux = s["input_ids"][:T][None], s["aux"][:T].float()[None]
 # the trainer's TTT unroll
 h, keys, vals, logits = ours.fc(aux), [], [], []
 pos = torch.arange(T)[None]
+w = ours.step_weights(torch.float32)
 with torch.no_grad():
     for i in range(steps):
-        q, k, v = ours.qkv(ours.embed_tokens(shift_left(ids, 1 + i)), h, pos + i)
+        q, k, v = ours.qkv(w, ours.embed_tokens(shift_left(ids, 1 + i)), h, pos + i)
         keys.append(k); vals.append(v)
-        h = ours.finish(h, ttt_attention(q, keys, vals, torch.ones(1, T, dtype=torch.bool)))
-        logits.append(ours.logits(h)[0])
+        h, normed = ours.finish(w, h, ttt_attention(q, keys, vals, torch.ones(1, T, dtype=torch.bool)))
+        logits.append((normed @ w["lm_head"].T)[0])
 # SGLang: extend over 0..t, then chain steps with the true tokens, as the server drafts
 worst = 0.0
 for t in (5, T // 2, T - 1 - steps):

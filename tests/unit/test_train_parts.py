@@ -1,9 +1,9 @@
-"""Trainer parts on small tensors: vocabulary maps, data order, TTT attention masks."""
+"""Trainer parts on small tensors: vocabulary maps, data order, TTT attention masks, the fused loss."""
 
 import torch
 
 from eaglebox.train.data import batch_indices
-from eaglebox.train.model import shift_left, ttt_attention
+from eaglebox.train.model import DraftHeadLoss, flex_ttt_attention, head_chunk, shift_left, ttt_attention
 from eaglebox.train.vocab import build_vocab
 
 
@@ -41,3 +41,37 @@ def test_ttt_attention_sees_causal_step0_and_its_own_diagonal_only():
     vs = torch.cat([values[0][0, kv_h, : t + 1]] + [v[0, kv_h, t : t + 1] for v in values[1:]])
     want = torch.softmax(q[0, h, t] @ ks.T / d**0.5, -1) @ vs
     assert torch.allclose(out[0, h, t], want, atol=1e-5)
+
+
+def test_flex_attention_equals_the_dense_reference_with_padding():
+    """Forward only: flex attention has no CPU backward; benchmarks/train_throughput.py checks the
+    gradients of the whole compiled CUDA path against the reference on the GPU."""
+    torch.manual_seed(0)
+    B, Hq, Hkv, T, d = 2, 4, 2, 136, 16  # T past one 128-row block, so the block mask is really sparse
+    valid = torch.ones(B, T, dtype=torch.bool)
+    valid[1, 100:] = False
+    q = torch.randn(B, Hq, T, d)
+    keys = [torch.randn(B, Hkv, T, d) for _ in range(3)]
+    values = [torch.randn(B, Hkv, T, d) for _ in range(3)]
+    dense = ttt_attention(q, keys, values, valid)
+    flex = flex_ttt_attention(q, keys, values, valid, 5)  # keys padded to 5 steps, masked out
+    real = valid[:, None, :, None].expand_as(dense)  # padded queries are never scored
+    assert torch.allclose(dense[real], flex[real], atol=1e-5)
+
+
+def test_fused_head_loss_equals_autograd_of_the_plain_loss():
+    torch.manual_seed(0)
+    B, L, H, V, T, off = 2, 9, 8, 11, 12, 2
+    x = torch.randn(B, L, H, requires_grad=True)
+    w = torch.randn(V, H, requires_grad=True)
+    p = torch.randn(B, T, V).softmax(-1)
+    mask = torch.rand(B, L) > 0.3
+    loss, correct = DraftHeadLoss.apply(x, w, p, p.argmax(-1), mask, off, head_chunk)
+    gx, gw = torch.autograd.grad(3.0 * loss, [x, w])
+    logp = (x @ w.T).log_softmax(-1)
+    pt = p[:, off : off + L]
+    want = -(pt * logp).sum(-1)[mask].sum()
+    wx, ww = torch.autograd.grad(3.0 * want, [x, w])
+    assert torch.allclose(loss, want, atol=1e-5)
+    assert correct.item() == ((logp.argmax(-1) == pt.argmax(-1)) & mask).sum().item()
+    assert torch.allclose(gx, wx, atol=1e-5) and torch.allclose(gw, ww, atol=1e-5)

@@ -22,10 +22,12 @@ def steps_per_epoch(n: int, world: int, batch_size: int) -> int:
     return n // (world * batch_size)
 
 
-def collate(reader: ShardReader, indices: list[int], max_length: int, device) -> dict[str, torch.Tensor]:
-    """Right-padded batch; ``valid`` marks real tokens."""
+def collate(reader: ShardReader, indices: list[int], max_length: int, device,
+            pad_multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Right-padded batch; ``valid`` marks real tokens. ``pad_multiple`` rounds the length up, so a
+    compiled step sees few distinct shapes."""
     samples = [reader.get(i, max_rows=max_length) for i in indices]
-    T = max(s["input_ids"].shape[0] for s in samples)
+    T = -(-max(s["input_ids"].shape[0] for s in samples) // pad_multiple) * pad_multiple
     B = len(samples)
     first = samples[0]
     out = {

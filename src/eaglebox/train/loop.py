@@ -80,12 +80,15 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.header["layer_ids"]))
     model = Eagle3Draft(spec)
     embed, head = load_embed_and_head(Path(cfg.model.path))
+    model.embed_tokens.to(embed.dtype)  # frozen: kept in the target's dtype, as SGLang serves it
     with torch.no_grad():
-        model.embed_tokens.weight.copy_(embed.float())
+        model.embed_tokens.weight.copy_(embed)
         d2t, t2d = build_vocab(token_counts(reader, spec.vocab_size), spec.draft_vocab_size)
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
     model.to(d.device)
+    if d.device.type == "cuda":
+        model.compile_steps()
     head = head.to(d.device)
     ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
     params = [p for p in model.parameters() if p.requires_grad]
@@ -114,7 +117,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     while step < total:
         epoch, in_epoch = divmod(step, per_epoch)
         batch_ids = batch_indices(len(reader), t.seed, epoch, in_epoch, d.world, d.rank, t.batch_size)
-        batch = collate(reader, batch_ids, t.max_length, d.device)
+        batch = collate(reader, batch_ids, t.max_length, d.device, 128 if d.device.type == "cuda" else 1)
         with autocast:
             losses, correct, counts = ddp(batch, head, t.ttt_length)
         denom = d.sum(counts[0].detach().clone().float()).clamp_min(1)

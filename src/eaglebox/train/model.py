@@ -13,6 +13,11 @@ the target's features at ``t``, the token ``x[t+1+i]`` and predicts ``x[t+2+i]``
 position ``t+i`` and attends to step 0's keys at positions ``<= t`` and to its own earlier steps'
 keys at the same index -- what chain drafting does at inference (SGLang step ``j`` runs at
 position ``q+j`` over the verified prefix and the draft tokens before it).
+
+Two sets of kernels compute the same thing: eager, dense references (the CPU path and what tests
+compare against) and, after :meth:`Eagle3Draft.compile_steps`, the CUDA path -- compiled step
+blocks, block-sparse flex attention, the chunked :class:`DraftHeadLoss` -- with the weights cast
+to bf16 once per forward (:meth:`Eagle3Draft.step_weights`).
 """
 
 from __future__ import annotations
@@ -45,6 +50,12 @@ class DraftSpec:
         return asdict(self)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.float()
+    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -52,10 +63,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
-        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x.to(dtype)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -123,41 +131,63 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(spec.vocab_size, dtype=torch.bool))
         self.rotary = Rotary(spec)
+        # training kernels: the exact eager references (CPU); compile_steps() swaps in the fused ones
+        self.attention = ttt_attention
+        self.head_chunk = head_chunk
 
-    def qkv(self, embeds: torch.Tensor, h: torch.Tensor, positions: torch.Tensor):
+    def step_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+        """The weights a draft step uses, cast to the compute dtype once per forward. Every TTT step
+        reuses these copies, so the gradient is summed on them and reaches each fp32 master once."""
+        m, a, mlp = self.midlayer, self.midlayer.self_attn, self.midlayer.mlp
+        w = {"input_norm": m.input_layernorm.weight, "hidden_norm": m.hidden_norm.weight,
+             "q": a.q_proj.weight, "k": a.k_proj.weight, "v": a.v_proj.weight, "o": a.o_proj.weight,
+             "post_norm": m.post_attention_layernorm.weight, "gate": mlp.gate_proj.weight, "up": mlp.up_proj.weight,
+             "down": mlp.down_proj.weight, "norm": self.norm.weight, "lm_head": self.lm_head.weight}
+        return {k: v.to(dtype) for k, v in w.items()}
+
+    def qkv(self, w: dict, embeds: torch.Tensor, h: torch.Tensor, positions: torch.Tensor):
         """Queries, keys and values of one draft step. embeds, h: [B, T, H]; positions: [B, T]."""
-        s, m = self.spec, self.midlayer
-        x = torch.cat([m.input_layernorm(embeds), m.hidden_norm(h)], dim=-1)
+        s = self.spec
+        eps = s.rms_norm_eps
+        x = torch.cat([rms_norm(embeds, w["input_norm"], eps), rms_norm(h, w["hidden_norm"], eps)], dim=-1)
         B, T, _ = x.shape
-        q = m.self_attn.q_proj(x).view(B, T, s.num_attention_heads, s.head_dim).transpose(1, 2)
-        k = m.self_attn.k_proj(x).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
-        v = m.self_attn.v_proj(x).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
+        q = F.linear(x, w["q"]).view(B, T, s.num_attention_heads, s.head_dim).transpose(1, 2)
+        k = F.linear(x, w["k"]).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
+        v = F.linear(x, w["v"]).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
         cos, sin = self.rotary(positions)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def finish(self, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Residual, MLP: the step's pre-norm output (the next step's ``h``). attn: [B, heads, T, d]."""
-        m = self.midlayer
+    def finish(self, w: dict, h: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Residual and MLP. Returns the step's pre-norm output (the next step's ``h``) and its final
+        norm (the lm_head input). attn: [B, heads, T, d]."""
+        eps = self.spec.rms_norm_eps
         B, _, T, _ = attn.shape
-        r = m.self_attn.o_proj(attn.transpose(1, 2).reshape(B, T, -1)) + h
-        n = m.post_attention_layernorm(r)
-        return m.mlp.down_proj(F.silu(m.mlp.gate_proj(n)) * m.mlp.up_proj(n)) + r
-
-    def logits(self, out: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(self.norm(out))
+        r = F.linear(attn.transpose(1, 2).reshape(B, T, -1), w["o"]) + h
+        n = rms_norm(r, w["post_norm"], eps)
+        out = F.linear(F.silu(F.linear(n, w["gate"])) * F.linear(n, w["up"]), w["down"]) + r
+        return out, rms_norm(out, w["norm"], eps)
 
     def forward(self, batch: dict, lm_head_weight: torch.Tensor, ttt_length: int):
         """Training forward (through ``forward`` so DDP's gradient hooks see it): see :func:`ttt_forward`."""
         return ttt_forward(self, batch, lm_head_weight, ttt_length)
 
+    def compile_steps(self) -> None:
+        """``torch.compile`` the per-step blocks (norms, RoPE, projections, MLP) and the loss chunk to
+        fuse their elementwise work, and use block-sparse flex attention; for CUDA training."""
+        self.qkv = torch.compile(self.qkv)
+        self.finish = torch.compile(self.finish)
+        self.attention = flex_ttt_attention
+        self.head_chunk = torch.compile(head_chunk)
+
 
 def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
-                  valid: torch.Tensor) -> torch.Tensor:
+                  valid: torch.Tensor, steps: int | None = None) -> torch.Tensor:
     """Attention of TTT step ``i = len(keys) - 1``.
 
     ``keys[0]`` (step 0) is attended causally; ``keys[j]`` for ``j >= 1`` only at the query's own index
-    (the diagonal). ``valid`` [B, T] masks padding keys. Dense and exact: the reference the other
-    backends are tested against, and fast enough for CPU and short sequences.
+    (the diagonal). ``valid`` [B, T] masks padding keys. Dense and exact: the CPU path, and the
+    reference :func:`flex_ttt_attention` is tested against (``steps``, the unroll length, only
+    matters there).
     """
     B, Hq, T, d = q.shape
     rep = Hq // keys[0].shape[1]
@@ -170,10 +200,47 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=1.0 / math.sqrt(d))
 
 
-def target_probs(last: torch.Tensor, lm_head_weight: torch.Tensor, t2d: torch.Tensor, chunk: int = 1024):
+def ttt_mask_mod(T: int, limit: torch.Tensor, valid: torch.Tensor):
+    """The mask of :func:`ttt_attention` as a flex-attention ``mask_mod`` over keys ``[step 0 | 1 | ...]``:
+    key ``kv`` is sequence index ``kv % T`` of step ``kv // T``; keys at or past ``limit`` are padding."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        j = kv_idx % T
+        return (j <= q_idx) & valid[b, j] & ((kv_idx < T) | ((j == q_idx) & (kv_idx < limit)))
+
+    return mask_mod
+
+
+_compiled_flex = None
+
+
+def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                       valid: torch.Tensor, steps: int) -> torch.Tensor:
+    """:func:`ttt_attention` with a block-sparse mask: step ``i`` costs a causal ``T x T`` plus ``i``
+    diagonal blocks, not a dense ``T x (i+1)T``. Keys are zero-padded to all ``steps`` (blocks
+    the mask skips, so no work) so that one compiled kernel serves every step. Compiled on CUDA,
+    eager (a dense reference inside flex) elsewhere."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, Hq, T, _ = q.shape
+    pad = [keys[0].new_zeros(*keys[0].shape[:2], (steps - len(keys)) * T, keys[0].shape[3])]
+    k, v = torch.cat(keys + pad, dim=2), torch.cat(values + pad, dim=2)
+    limit = torch.full((), len(keys) * T, device=q.device)  # a fill kernel: no host sync
+    on_gpu = q.device.type == "cuda"
+    block = create_block_mask(ttt_mask_mod(T, limit, valid), B, None, T, steps * T, device=q.device,
+                              _compile=on_gpu)
+    if on_gpu and _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    fn = _compiled_flex if on_gpu else flex_attention
+    return fn(q, k, v, block_mask=block, enable_gqa=Hq != k.shape[1])
+
+
+def target_probs(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
+                 chunk: int = 1024):
     """The target's next-token distribution restricted to the draft vocabulary, and whether the
     target's own argmax (over the full vocabulary) lies in it. last: [B, T, H]."""
-    draft_ids = t2d.nonzero().squeeze(-1)
+    draft_ids = d2t + torch.arange(d2t.shape[0], device=d2t.device)  # SGLang's hot_token_id
     probs, in_vocab = [], []
     flat = last.reshape(-1, last.shape[-1])
     w = lm_head_weight.to(last.dtype)
@@ -185,6 +252,59 @@ def target_probs(last: torch.Tensor, lm_head_weight: torch.Tensor, t2d: torch.Te
     return torch.cat(probs).view(*shape, -1), torch.cat(in_vocab).view(shape)
 
 
+def head_chunk(z: torch.Tensor, p: torch.Tensor, p_argmax: torch.Tensor, m: torch.Tensor):
+    """One chunk of draft logits ``z`` [R, V] against target distributions ``p`` [R, V] (rows sum to
+    1) under mask ``m`` [R]: the summed soft cross entropy, the top-1 hits, and d loss / d z
+    (``softmax(z) - p``) in z's dtype."""
+    logp = z.float().log_softmax(-1)
+    mf = m.to(logp.dtype)
+    loss = -((p * logp).sum(-1) * mf).sum()
+    correct = ((z.argmax(-1) == p_argmax) & m).sum()
+    return loss, correct, ((logp.exp() - p) * mf[:, None]).to(z.dtype)
+
+
+class DraftHeadLoss(torch.autograd.Function):
+    """The draft's lm_head and its soft-target loss in row chunks, never holding fp32 logits.
+
+    Rows ``x`` [B, L, H] are scored with lm_head ``w`` (in the compute dtype) against
+    ``p[:, offset:offset+L]`` under ``mask`` [B, L]. Forward keeps only the logits' gradient, in
+    the compute dtype -- what autograd holds for a bf16 lm_head, without the fp32 logits,
+    log-probabilities and shifted targets beside it -- and backward is two GEMMs. Every row is
+    computed, masked or not: gathering the scored rows costs a host sync and a scatter, which
+    measured slower on the H200 than the wasted rows. ``chunk_fn`` is :func:`head_chunk` or its
+    compiled form.
+    """
+
+    @staticmethod
+    def forward(ctx, x, w, p, p_argmax, mask, offset: int, chunk_fn):
+        B, L, _ = x.shape
+        xs = x.to(w.dtype)
+        grads = torch.empty(B, L, w.shape[0], dtype=w.dtype, device=x.device)
+        loss = torch.zeros((), dtype=torch.float32, device=x.device)
+        correct = torch.zeros((), dtype=torch.int64, device=x.device)
+        rows = max(1, 2**26 // w.shape[0])  # 256 MB of fp32 logits at a time
+        for b in range(B):
+            for s in range(0, L, rows):
+                e = min(L, s + rows)
+                lo, hit, grads[b, s:e] = chunk_fn(xs[b, s:e] @ w.T, p[b, offset + s : offset + e],
+                                                  p_argmax[b, offset + s : offset + e], mask[b, s:e])
+                loss += lo
+                correct += hit
+        ctx.save_for_backward(xs, w, grads)
+        ctx.x_dtype = x.dtype
+        ctx.mark_non_differentiable(correct)
+        return loss, correct
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_correct):
+        xs, w, grads = ctx.saved_tensors
+        g = grads.flatten(0, 1)
+        scale = grad_loss.to(g.dtype)
+        grad_x = (g @ w).mul_(scale).view(xs.shape).to(ctx.x_dtype)
+        grad_w = g.T @ (xs.flatten(0, 1) * scale)  # scale the smaller operand, not the [V, H] result
+        return grad_x, grad_w, None, None, None, None, None
+
+
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     """x[:, t] <- x[:, t+n]; the last n positions get ``fill``."""
     if n == 0:
@@ -193,8 +313,8 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
-def ttt_forward(model: Eagle3Draft, batch: dict, lm_head_weight: torch.Tensor, ttt_length: int,
-                attention=ttt_attention) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+def ttt_forward(model: Eagle3Draft, batch: dict, lm_head_weight: torch.Tensor,
+                ttt_length: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """Summed losses, correct top-1 counts and scored positions, per TTT step, for a padded batch.
 
     batch: ``input_ids`` [B, T], ``loss_mask`` [B, T], ``aux`` [B, T, k*Ht], ``last`` [B, T, Ht],
@@ -203,23 +323,28 @@ def ttt_forward(model: Eagle3Draft, batch: dict, lm_head_weight: torch.Tensor, t
     """
     ids, valid = batch["input_ids"], batch["valid"]
     B, T = ids.shape
-    probs, in_vocab = target_probs(batch["last"], lm_head_weight, model.t2d)
-    # index t predicts x[t+2+i] from the target's distribution at t+1+i
-    scored = (batch["loss_mask"].bool() & valid)
+    probs, in_vocab = target_probs(batch["last"], lm_head_weight, model.d2t, model.t2d)
+    probs_argmax = probs.argmax(-1)
+    # index t predicts x[t+2+i] (an assistant token) from the target's distribution at t+1+i (whose
+    # argmax lies in the draft vocabulary)
+    scored = batch["loss_mask"].bool() & valid
     h = model.fc(batch["aux"].to(model.fc.weight.dtype))
     positions = torch.arange(T, device=ids.device)[None].expand(B, T)
+    dtype = torch.get_autocast_dtype(ids.device.type) if torch.is_autocast_enabled(ids.device.type) else h.dtype
+    w = model.step_weights(dtype)
+    h = h.to(dtype)
     keys, values, losses, correct, counts = [], [], [], [], []
     for i in range(ttt_length):
         tok = shift_left(ids, 1 + i)
-        q, k, v = model.qkv(model.embed_tokens(tok).to(h.dtype), h, positions + i)
+        q, k, v = model.qkv(w, model.embed_tokens(tok).to(dtype), h, positions + i)
         keys.append(k)
         values.append(v)
-        h = model.finish(h, attention(q, keys, values, valid))
-        p = shift_left(probs, 1 + i)
-        mask = shift_left(scored, 2 + i, False) & shift_left(in_vocab, 1 + i, False) & shift_left(valid, 2 + i, False)
-        logp = model.logits(h).float().log_softmax(-1)
-        losses.append(-(p * logp).sum(-1).masked_select(mask).sum())
-        with torch.no_grad():
-            correct.append(((logp.argmax(-1) == p.argmax(-1)) & mask).sum())
-            counts.append(mask.sum())
+        h, normed = model.finish(w, h, model.attention(q, keys, values, valid, ttt_length))
+        L = T - 1 - i  # rows t whose target distribution (at t+1+i) exists
+        mask = shift_left(scored, 2 + i, False)[:, :L] & in_vocab[:, 1 + i :]
+        loss, right = DraftHeadLoss.apply(normed[:, :L], w["lm_head"], probs, probs_argmax, mask, 1 + i,
+                                          model.head_chunk)
+        losses.append(loss)
+        correct.append(right)
+        counts.append(mask.sum())
     return losses, correct, counts
