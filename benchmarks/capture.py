@@ -1,15 +1,19 @@
 """Capture throughput on one SGLang build: plain prefill vs capture to disk vs SGLang's stock JSON.
 
 For each model (the tiny target, and a random-weight twin 1024 wide), one plain server and one
-capture server (aux layers on, the eaglebox hook active) run the same prompts with
-``max_new_tokens=1`` at the same concurrency, one after the other:
+capture server (aux layers on, the eaglebox hook active) are up at once and run the same prompts
+with ``max_new_tokens=1`` at the same concurrency, mode after mode, for several alternating rounds
+(medians are compared):
 
 - plain: the plain server, no hidden states;
-- capture: the capture server, eaglebox requests (the server writes each sample to disk; a request
-  counts when its file is in place);
+- aux only: the capture server, plain requests (what SGLang's own aux capture costs, before the sink);
+- capture: the capture server, eaglebox requests (the server writes each sample to disk; the run
+  ends when the last file is in place);
 - json: the capture server, stock ``return_hidden_states`` (the aux rows as JSON floats).
 
-Prints tokens/s and the ratios. ``python benchmarks/capture.py [--prompts 24] [--tokens 1000]``
+Prints tokens/s and the ratios. ``python benchmarks/capture.py [--prompts 24] [--tokens 1000] [--dtype float32]``
+(on a CPU without native bf16 matmuls, bf16 prefill is so slow that per-request costs vanish;
+float32 shows them).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import tempfile
 import time
 import uuid
@@ -54,33 +59,54 @@ def prompts(tokenizer, n: int, tokens: int) -> list[list[int]]:
     text = " ".join(json.loads(line)["messages"][0]["content"]
                     for line in open(ROOT / ".cache/tiny/data/train.jsonl"))
     ids = tokenizer(text)["input_ids"]
+    if len(ids) < n * tokens:
+        raise SystemExit(f"the tiny data set has {len(ids)} tokens, fewer than {n} x {tokens}")
     return [ids[i * tokens : (i + 1) * tokens] for i in range(n)]
 
 
-def measure(url: str, batch: list[list[int]], mode: str, concurrency: int, staging: Path | None) -> float:
+def measure(url: str, warmup: list[int], batch: list[list[int]], mode: str, concurrency: int,
+            staging: Path | None) -> float:
+    """Tokens/s over the batch. In capture mode the clock stops when the last file is in place;
+    requests do not wait for their own file (as the extraction client does not)."""
+    sids = []
+
     def one(p):
         body = {"input_ids": p, "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
         if mode == "capture":
             sid = uuid.uuid4().hex
+            sids.append(sid)
             body.update(rid=f"{RID_PREFIX}{sid}-0", return_hidden_states=True)
         elif mode == "json":
             body.update(return_hidden_states=True)
         r = requests.post(url + "/generate", json=body, timeout=900)
         r.raise_for_status()
-        if mode == "capture":
-            path = staging / f"{sid}.safetensors"
-            while not path.exists():
-                time.sleep(0.002)
-            path.unlink()
-        elif mode == "json":
+        if mode == "json":
             assert len(r.json()["meta_info"]["hidden_states"][0]) == len(p)
         return len(p)
 
-    one(batch[0])  # warm-up
+    def files_in_place():
+        for sid in sids:
+            while not (staging / f"{sid}.safetensors").exists():
+                time.sleep(0.002)
+
+    def unstage():
+        for sid in sids:
+            (staging / f"{sid}.safetensors").unlink()
+        sids.clear()
+
+    one(warmup)  # a prompt outside the batch: the plain server's radix cache must not serve the batch
+    if mode == "capture":
+        files_in_place()
+        unstage()
     t0 = time.monotonic()
     with ThreadPoolExecutor(concurrency) as pool:
         total = sum(pool.map(one, batch))
-    return total / (time.monotonic() - t0)
+    if mode == "capture":
+        files_in_place()
+    elapsed = time.monotonic() - t0
+    if mode == "capture":
+        unstage()
+    return total / elapsed
 
 
 def main() -> None:
@@ -89,31 +115,43 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=1000)
     ap.add_argument("--concurrency", type=int, default=2)
     ap.add_argument("--port", type=int, default=30310)
+    ap.add_argument("--dtype", default="bfloat16", help="model.dtype for both servers")
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args()
     from transformers import AutoTokenizer
 
     tiny = ROOT / ".cache/tiny/target"
     work = Path(tempfile.mkdtemp(prefix="eaglebox-capture-bench-"))
     models = {"tiny (hidden 128)": tiny, "wide (hidden 1024)": wide_twin(tiny, ROOT / ".cache/tiny-wide-1024")}
-    batch = prompts(AutoTokenizer.from_pretrained(tiny), a.prompts, a.tokens)
+    *batch, warmup = prompts(AutoTokenizer.from_pretrained(tiny), a.prompts + 1, a.tokens)
     rows = []
     for name, path in models.items():
-        cfg = load_config(ROOT / "configs/tiny-cpu.yaml", [f"model.path={path}", f"engine.port={a.port}",
-                                                           "engine.max_total_tokens=32768"])
-        res = {}
-        with server_for(cfg, "plain", work / "plain.log") as srv:
-            res["plain"] = measure(srv.url, batch, "plain", a.concurrency, None)
+        def cfg(port: int, *extra: str, path: Path = path):
+            return load_config(ROOT / "configs/tiny-cpu.yaml", [f"model.path={path}", f"engine.port={port}",
+                                                                "engine.max_total_tokens=32768", f"model.dtype={a.dtype}",
+                                                                *extra])
+
         staging = work / f"staging-{uuid.uuid4().hex[:6]}"
-        with server_for(cfg, "capture", work / "capture.log", capture_dir=staging) as srv:
-            res["capture"] = measure(srv.url, batch, "capture", a.concurrency, staging)
-            res["json"] = measure(srv.url, batch, "json", a.concurrency, None)
+        # no radix cache on either server: later rounds repeat the prompts, and a cache hit is no prefill
+        plain = server_for(cfg(a.port, 'engine.extra_args=["--disable-radix-cache"]'), "plain", work / "plain.log")
+        capture = server_for(cfg(a.port + 1), "capture", work / "capture.log", capture_dir=staging)
+        runs = {"plain": [], "aux only": [], "capture": [], "json": []}
+        with plain, capture:  # both up; an idle one sleeps. Rounds alternate, so drift hits all modes alike
+            for _ in range(a.rounds):
+                runs["plain"].append(measure(plain.url, warmup, batch, "plain", a.concurrency, None))
+                runs["aux only"].append(measure(capture.url, warmup, batch, "plain", a.concurrency, None))
+                runs["capture"].append(measure(capture.url, warmup, batch, "capture", a.concurrency, staging))
+                runs["json"].append(measure(capture.url, warmup, batch, "json", a.concurrency, None))
+        res = {mode: statistics.median(v) for mode, v in runs.items()}
+        print(json.dumps({"model": name, **{k: [round(x) for x in v] for k, v in runs.items()}}), flush=True)
         rows.append((name, res))
-        print(json.dumps({"model": name, **{k: round(v, 1) for k, v in res.items()}}), flush=True)
-    print(f"\n{a.prompts} prompts x {a.tokens} tokens, concurrency {a.concurrency}, max_new_tokens 1 (tok/s)")
-    print(f"{'model':20s} {'plain':>9s} {'capture':>9s} {'json':>9s} {'capture/plain':>14s} {'capture/json':>13s}")
+    print(f"\n{a.prompts} prompts x {a.tokens} tokens, {a.dtype}, concurrency {a.concurrency}, max_new_tokens 1; "
+          f"median tok/s of {a.rounds} alternating rounds")
+    print(f"{'model':20s} {'plain':>9s} {'aux only':>9s} {'capture':>9s} {'json':>9s} {'capture/plain':>14s} "
+          f"{'capture/json':>13s}")
     for name, r in rows:
-        print(f"{name:20s} {r['plain']:9.0f} {r['capture']:9.0f} {r['json']:9.0f} {r['capture'] / r['plain']:14.2f} "
-              f"{r['capture'] / r['json']:13.2f}")
+        print(f"{name:20s} {r['plain']:9.0f} {r['aux only']:9.0f} {r['capture']:9.0f} {r['json']:9.0f} "
+              f"{r['capture'] / r['plain']:14.2f} {r['capture'] / r['json']:13.2f}")
     shutil.rmtree(work, ignore_errors=True)
 
 

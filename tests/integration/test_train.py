@@ -1,4 +1,5 @@
-"""The trainer on shards captured by real SGLang: resume after kill -9, torchrun with 2 ranks, refusals."""
+"""The trainer on shards captured by real SGLang: resume after kill -9, torchrun with 2 ranks (DDP and
+FSDP2), refusals."""
 
 import json
 import os
@@ -74,6 +75,25 @@ def test_torchrun_two_ranks_equal_one_rank_with_the_same_global_batch(tiny_shard
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(a) == len(b) == 4
     assert a == pytest.approx(b, rel=1e-4)
+
+
+def test_fsdp_two_ranks_resume_to_the_one_rank_curve(tiny_shards, tmp_path):
+    """FSDP2 shards the draft across ranks; its checkpoints (full tensors) resume under FSDP2."""
+    flat = ["train.min_lr_ratio=1.0"]  # LR constant after warm-up: a 2-step run resumed to 4 is the 4-step run
+    one = subprocess.run(train_cmd(tiny_shards, tmp_path / "one", "train.batch_size=4", "train.max_steps=4", *flat),
+                         cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert one.returncode == 0, one.stderr[-3000:]
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    for steps in (2, 4):
+        two = subprocess.run([*torchrun, *train_cmd(tiny_shards, tmp_path / "fsdp", "train.batch_size=2",
+                                                    f"train.max_steps={steps}", "train.parallel=fsdp", *flat)[1:]],
+                             cwd=ROOT, capture_output=True, text=True, timeout=900)
+        assert two.returncode == 0, two.stderr[-3000:]
+    assert "resumed from" in two.stdout + two.stderr
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "fsdp")
+    assert len(a) == len(b) == 4
+    assert a == pytest.approx(b, rel=1e-4)
+    assert (tmp_path / "fsdp" / "draft" / "model.safetensors").exists()
 
 
 def test_shards_of_another_capture_are_refused_naming_both_values(tiny_shards, tmp_path):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from eaglebox.extract.client import Client, Planned, capture_one, read_staged, sample_id
+from eaglebox.extract.client import Client, Planned, capture_one, read_staged, sample_id, wait_for_files
 
 
 def greedy(client: Client, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -21,8 +21,9 @@ def collect(client: Client, prompts: list[list[int]], max_new_tokens: int, stagi
     for i, prompt in enumerate(prompts):
         seq = prompt + greedy(client, prompt, max_new_tokens)
         p = Planned(sample_id(seq, spec), i + 1, seq, [1] * len(seq))
-        capture_one(client, p, staging)
+        capture_one(client, p)
         path = staging / f"{p.id}.safetensors"
+        wait_for_files([(path, p)])
         sample = read_staged(path, p, spec)
         path.unlink()
         out.append((torch.tensor(seq), sample.aux.float(), len(prompt)))

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import queue
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,6 +98,7 @@ class CaptureSink:
             raise RuntimeError(f"eaglebox capture writer failed: {self._errors[0]!r}")
 
     def _write_loop(self) -> None:
+        _lowest_cpu_priority()
         while True:
             path, p = self._queue.get()
             try:
@@ -106,6 +108,14 @@ class CaptureSink:
                 self._errors.append(err)
             finally:
                 self._queue.task_done()
+
+
+def _lowest_cpu_priority() -> None:
+    """Nice this thread to 19 (Linux: a thread is a task): with few cores, the writer's copies and
+    hashing then use idle time instead of preempting the forward pass's OpenMP threads, which all
+    wait for the slowest one. The bounded queue still makes the scheduler wait if it falls behind."""
+    if sys.platform == "linux":
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def write_sample(path: Path, input_ids: list[int], aux: list[torch.Tensor], last: list[torch.Tensor],

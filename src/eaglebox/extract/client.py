@@ -9,6 +9,7 @@ Order of work, and why:
 3. For each shard not yet in the manifest: capture the samples the staging folder lacks (the server
    writes ``.staging/<sample_id>.safetensors``), verify every sample (rows == prompt tokens, echoed
    ids == sent ids, tensor sha256), pack the shard, commit it in the manifest, delete its staging.
+   The next shard's requests are already in flight meanwhile.
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def check_disk(out_dir: Path, tokens: int, bpt: int, staging_tokens: int) -> Non
     if need > free:
         raise ExtractError(
             f"not enough disk at {probe}: the capture needs {need / 1e9:.2f} GB ({tokens:,} tokens x {bpt:,} "
-            f"bytes/token, plus one shard of staging), {free / 1e9:.2f} GB are free")
+            f"bytes/token, plus two shards of staging), {free / 1e9:.2f} GB are free")
 
 
 class Client:
@@ -175,7 +176,8 @@ def check_resume(cfg, planned: list[Planned], spec: dict) -> dict | None:
     shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
     done = {s["file"] for s in (manifest or {}).get("shards", [])}
     todo_tokens = sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) not in done for p in sh)
-    check_disk(out, todo_tokens, bpt, max(sum(len(p.input_ids) for p in sh) for sh in shards))
+    # staging holds up to two shards: the one being packed and the next one, in flight
+    check_disk(out, todo_tokens, bpt, 2 * max(sum(len(p.input_ids) for p in sh) for sh in shards))
     return manifest
 
 
@@ -232,31 +234,49 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
     client = Client(url, e.max_retries, e.retry_backoff_s, alive)
     bar = progress.bar(total=sum(len(p.input_ids) for p in planned), unit="tok", unit_scale=True, desc="extract",
                initial=sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) in done for p in sh))
-    with ThreadPoolExecutor(e.concurrency) as pool:
+
+    def finish(index: int, shard: list[Planned], requests: list, present: int) -> None:
+        """Wait for a shard's answers and files, then pack, commit and unstage it."""
+        for f in requests:
+            bar.update(len(f.result().input_ids))
+        wait_for_files([(staging / f"{p.id}.safetensors", p) for p in shard])
+        entry = commit_shard(out, index, shard, staging, spec)
+        manifest["shards"].append(entry)
+        manifest["shards"].sort(key=lambda s: s["file"])
+        manifest["samples"] = sum(len(s["samples"]) for s in manifest["shards"])
+        manifest["tokens"] = sum(r["rows"] for s in manifest["shards"] for r in s["samples"])
+        save_manifest(out, manifest)
+        for p in shard:
+            (staging / f"{p.id}.safetensors").unlink(missing_ok=True)
+        if present:
+            log(f"{shard_name(index)}: reused {present} staged samples")
+
+    # Shard k+1's requests are queued before shard k is packed, so the server never idles while the
+    # client waits for the last files, verifies and writes a shard.
+    pool = ThreadPoolExecutor(e.concurrency)
+    try:
+        previous = None
         for index, shard in enumerate(shards):
-            name = shard_name(index)
-            if name in done:
+            if shard_name(index) in done:
                 continue
             missing = [p for p in shard if not (staging / f"{p.id}.safetensors").exists()]
             present = len(shard) - len(missing)
             bar.update(sum(len(p.input_ids) for p in shard if p not in missing))
-            for p in pool.map(lambda p: capture_one(client, p, staging), missing):
-                bar.update(len(p.input_ids))
-            entry = commit_shard(out, index, shard, staging, spec)
-            manifest["shards"].append(entry)
-            manifest["shards"].sort(key=lambda s: s["file"])
-            manifest["samples"] = sum(len(s["samples"]) for s in manifest["shards"])
-            manifest["tokens"] = sum(r["rows"] for s in manifest["shards"] for r in s["samples"])
-            save_manifest(out, manifest)
-            for p in shard:
-                (staging / f"{p.id}.safetensors").unlink(missing_ok=True)
-            if present:
-                log(f"{name}: reused {present} staged samples")
+            current = (index, shard, [pool.submit(capture_one, client, p) for p in missing], present)
+            if previous:
+                finish(*previous)
+            previous = current
+        if previous:
+            finish(*previous)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
     bar.close()
     return manifest
 
 
-def capture_one(client: Client, p: Planned, staging: Path, wait_s: float = 120) -> Planned:
+def capture_one(client: Client, p: Planned) -> Planned:
+    """Send one sample and check the server's answer; its file is written by the server's writer
+    thread and appears (atomically) a little later."""
     rid = f"{RID_PREFIX}{p.id}-{uuid.uuid4().hex[:8]}"
     body = {"input_ids": p.input_ids, "rid": rid, "return_hidden_states": True,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
@@ -269,13 +289,17 @@ def capture_one(client: Client, p: Planned, staging: Path, wait_s: float = 120) 
     if len(hs) != 1 or not isinstance(hs[0], dict) or hs[0].get("rows") != len(p.input_ids):
         raise ExtractError(f"sample at line {p.line}: the server's capture answer {str(hs)[:300]} does not "
                            f"cover {len(p.input_ids)} rows (is the eaglebox hook active, radix cache off?)")
-    path = staging / f"{p.id}.safetensors"
-    deadline = time.monotonic() + wait_s
-    while not path.exists():  # the server's writer thread renames the file into place when done
-        if time.monotonic() > deadline:
-            raise ExtractError(f"sample at line {p.line}: {path} did not appear within {wait_s:.0f} s")
-        time.sleep(0.005)
     return p
+
+
+def wait_for_files(files: list[tuple[Path, Planned]], wait_s: float = 120) -> None:
+    deadline = time.monotonic() + wait_s
+    for path, p in files:
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise ExtractError(f"sample at line {p.line}: {path} did not appear within {wait_s:.0f} s "
+                                   f"of its answer")
+            time.sleep(0.005)
 
 
 def read_staged(path: Path, p: Planned, spec: dict) -> Sample:

@@ -3,7 +3,9 @@
 ``checkpoints/step-NNNNNNNN/`` holds the trainable weights (safetensors), the optimizer and LR
 schedule, every rank's RNG states, the data position (epoch, step in epoch) and the global step.
 It is written as a hidden temporary directory and renamed into place, so a directory with the
-final name is always complete; the oldest are pruned to ``keep``.
+final name is always complete; the oldest are pruned to ``keep``. Weights and optimizer state go
+through ``torch.distributed.checkpoint.state_dict`` as full (unsharded) tensors, so DDP and FSDP2
+runs write the same files.
 """
 
 from __future__ import annotations
@@ -15,15 +17,27 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
 
 PREFIX = "step-"
+FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def trainable_names(model: torch.nn.Module) -> set[str]:
+    return {k for k, v in model.named_parameters() if v.requires_grad} | {"d2t", "t2d"}
 
 
 def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Weights the optimizer changes, plus the vocabulary maps; not the frozen target embedding."""
-    state = {k: v.detach().contiguous().cpu() for k, v in model.named_parameters() if v.requires_grad}
-    state.update({"d2t": model.d2t.cpu(), "t2d": model.t2d.cpu()})
-    return state
+    """Weights the optimizer changes, plus the vocabulary maps; not the frozen target embedding.
+    Collective under FSDP2: every rank calls it, rank 0 gets the full tensors (others nothing)."""
+    keep = trainable_names(model)
+    return {k: v.contiguous() for k, v in get_model_state_dict(model, options=FULL).items() if k in keep}
 
 
 def rng_state() -> dict:
@@ -47,18 +61,21 @@ def latest(ckpt_dir: Path) -> Path | None:
 
 def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, position: dict, rank: int, world: int,
          barrier, keep: int, extra: dict) -> Path:
-    """Collective: every rank writes its RNG file into the temporary directory, rank 0 the rest."""
+    """Collective: every rank gathers the state and writes its RNG file into the temporary
+    directory, rank 0 the rest."""
     ckpt_dir = Path(ckpt_dir)
     final = ckpt_dir / f"{PREFIX}{step:08d}"
     tmp = ckpt_dir / f".{final.name}.tmp"
+    weights = trainable_state(model)
+    optim = get_optimizer_state_dict(model, optimizer, options=FULL)
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
     torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
     if rank == 0:
-        save_file(trainable_state(model), tmp / "model.safetensors")
-        torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+        save_file(weights, tmp / "model.safetensors")
+        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
         (tmp / "state.json").write_text(json.dumps({"step": step, "world": world, **position, **extra}, indent=1))
     barrier()
     if rank == 0:
@@ -70,17 +87,18 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, position: dict,
 
 
 def load(path: Path, model, optimizer, scheduler, rank: int, world: int) -> dict:
+    """Every rank reads the full files; FSDP2 keeps its own shard of them."""
     state = json.loads((path / "state.json").read_text())
     if state["world"] != world:
         raise RuntimeError(f"{path} was written by {state['world']} ranks; resume with the same number "
                            f"(torchrun --nproc-per-node {state['world']}) or start a new train.output_dir")
     weights = load_file(path / "model.safetensors")
-    expected = set(trainable_state(model))
+    expected = trainable_names(model)
     if set(weights) != expected:
         raise RuntimeError(f"{path}: holds {sorted(set(weights) ^ expected)} that the model does not match")
-    model.load_state_dict(weights, strict=False)
+    set_model_state_dict(model, weights, options=StateDictOptions(full_state_dict=True, strict=False))
     opt = torch.load(path / "optim.pt", weights_only=False)
-    optimizer.load_state_dict(opt["optimizer"])
+    set_optimizer_state_dict(model, optimizer, opt["optimizer"], options=StateDictOptions(full_state_dict=True))
     scheduler.load_state_dict(opt["scheduler"])
     set_rng_state(torch.load(path / f"rng-rank{rank}.pt", weights_only=False))
     return state

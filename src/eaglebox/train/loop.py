@@ -1,4 +1,4 @@
-"""The training run: shards -> EAGLE-3 draft, DDP over ``torchrun`` ranks (gloo on CPU, NCCL on GPU).
+"""The training run: shards -> EAGLE-3 draft, DDP or FSDP2 over ``torchrun`` ranks (gloo on CPU, NCCL on GPU).
 
 Rerunning the same command resumes from the newest complete checkpoint: weights, optimizer, LR
 schedule, RNG, data position. Metrics go to ``metrics.jsonl`` (lines past the resumed step are
@@ -90,7 +90,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     if d.device.type == "cuda":
         model.compile_steps()
     head = head.to(d.device)
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if d.world > 1 else model
+    ddp = parallelize(model, t.parallel, d.world)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay)
     per_epoch = steps_per_epoch(len(reader), d.world, t.batch_size)
@@ -121,10 +121,11 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         with autocast:
             losses, correct, counts = ddp(batch, head, t.ttt_length)
         denom = d.sum(counts[0].detach().clone().float()).clamp_min(1)
-        loss = sum(w * lo for w, lo in zip(weights, losses)) / denom * d.world  # DDP averages gradients
+        loss = sum(w * lo for w, lo in zip(weights, losses)) / denom * d.world  # DDP and FSDP average gradients
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
+        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
         optimizer.step()
         scheduler.step()
         step += 1
@@ -148,16 +149,29 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
                             t.keep_checkpoints, {"shards": manifest_digest(reader.manifest)})
     bar.close()
     draft_dir = out / "draft"
+    weights_out = checkpoint.trainable_state(model)  # collective under FSDP
     if d.rank == 0:
         from eaglebox.export.sglang import export_draft
         from eaglebox.train.plots import plot_metrics
 
-        weights_out = checkpoint.trainable_state(model)
         export_draft(draft_dir, spec, weights_out, provenance(reader, cfg))
         plot_metrics(metrics_path, out / "curves.png")
         log(f"train: exported {draft_dir}; curves {out / 'curves.png'}")
     d.barrier()
     return draft_dir
+
+
+def parallelize(model: Eagle3Draft, how: str, world: int) -> torch.nn.Module:
+    """DDP replicates the draft on every rank. FSDP2 shards its weights, gradients and optimizer
+    state across ranks (for wide drafts: Kimi-K2.5's is about 1B parameters, 16 GB of fp32 weights
+    and Adam state) and keeps the frozen target embedding whole on each."""
+    if world == 1:
+        return model
+    if how == "fsdp":
+        from torch.distributed.fsdp import fully_shard
+
+        return fully_shard(model, ignored_params={model.embed_tokens.weight})
+    return torch.nn.parallel.DistributedDataParallel(model)
 
 
 def provenance(reader: ShardReader, cfg) -> dict:
