@@ -57,13 +57,12 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """A norm's weight, under the name SGLang's checkpoint gives it; the norm is :func:`rms_norm`,
+    applied to the step's cast copy of it (:meth:`Eagle3Draft.step_weights`)."""
+
+    def __init__(self, dim: int):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
 
 
 class Rotary(nn.Module):
@@ -103,9 +102,9 @@ class MidLayer(nn.Module):
     def __init__(self, s: DraftSpec):
         super().__init__()
         H = s.hidden_size
-        self.input_layernorm = RMSNorm(H, s.rms_norm_eps)
-        self.hidden_norm = RMSNorm(H, s.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(H, s.rms_norm_eps)
+        self.input_layernorm = RMSNorm(H)
+        self.hidden_norm = RMSNorm(H)
+        self.post_attention_layernorm = RMSNorm(H)
         self.self_attn = nn.Module()
         self.self_attn.q_proj = nn.Linear(2 * H, s.num_attention_heads * s.head_dim, bias=False)
         self.self_attn.k_proj = nn.Linear(2 * H, s.num_key_value_heads * s.head_dim, bias=False)
@@ -126,7 +125,7 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
         self.fc = nn.Linear(spec.num_aux * spec.target_hidden_size, H, bias=False)
         self.midlayer = MidLayer(spec)
-        self.norm = RMSNorm(H, spec.rms_norm_eps)
+        self.norm = RMSNorm(H)
         self.lm_head = nn.Linear(H, spec.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(spec.vocab_size, dtype=torch.bool))
