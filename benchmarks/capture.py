@@ -33,6 +33,7 @@ import requests
 from eaglebox.capture.sink import RID_PREFIX
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
+from eaglebox.extract.client import wait_for_files
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -85,9 +86,7 @@ def measure(url: str, warmup: list[int], batch: list[list[int]], mode: str, conc
         return len(p)
 
     def files_in_place():
-        for sid in sids:
-            while not (staging / f"{sid}.safetensors").exists():
-                time.sleep(0.002)
+        wait_for_files([(staging / f"{sid}.safetensors", f"capture {sid}") for sid in sids])
 
     def unstage():
         for sid in sids:

@@ -23,7 +23,7 @@ def collect(client: Client, prompts: list[list[int]], max_new_tokens: int, stagi
         p = Planned(sample_id(seq, spec), i + 1, seq, [1] * len(seq))
         capture_one(client, p)
         path = staging / f"{p.id}.safetensors"
-        wait_for_files([(path, p)])
+        wait_for_files([(path, f"prompt {i + 1}")])
         sample = read_staged(path, p, spec)
         path.unlink()
         out.append((torch.tensor(seq), sample.aux.float(), len(prompt)))

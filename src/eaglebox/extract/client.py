@@ -239,7 +239,7 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
         """Wait for a shard's answers and files, then pack, commit and unstage it."""
         for f in requests:
             bar.update(len(f.result().input_ids))
-        wait_for_files([(staging / f"{p.id}.safetensors", p) for p in shard])
+        wait_for_files([(staging / f"{p.id}.safetensors", f"sample at line {p.line}") for p in shard])
         entry = commit_shard(out, index, shard, staging, spec)
         manifest["shards"].append(entry)
         manifest["shards"].sort(key=lambda s: s["file"])
@@ -292,13 +292,13 @@ def capture_one(client: Client, p: Planned) -> Planned:
     return p
 
 
-def wait_for_files(files: list[tuple[Path, Planned]], wait_s: float = 120) -> None:
+def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120) -> None:
+    """Wait until the server's writer has renamed each (file, what it is) into place."""
     deadline = time.monotonic() + wait_s
-    for path, p in files:
+    for path, what in files:
         while not path.exists():
             if time.monotonic() > deadline:
-                raise ExtractError(f"sample at line {p.line}: {path} did not appear within {wait_s:.0f} s "
-                                   f"of its answer")
+                raise ExtractError(f"{what}: {path} did not appear within {wait_s:.0f} s of its answer")
             time.sleep(0.005)
 
 
