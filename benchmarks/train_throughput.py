@@ -61,6 +61,7 @@ def timed(step, steps: int, warmup: int = 2):
 def run_eaglebox(seq: int, ttt: int, steps: int) -> dict:
     import torch
 
+    from eaglebox.train.loop import Dist, make_optimizer, train_step
     from eaglebox.train.model import DraftSpec, Eagle3Draft
 
     dev = torch.device("cuda")
@@ -79,17 +80,13 @@ def run_eaglebox(seq: int, ttt: int, steps: int) -> dict:
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=1e-4, betas=(0.9, 0.95), fused=True)
-    weights = [0.8**i for i in range(ttt)]
+    opt = make_optimizer(params, lr=1e-4, weight_decay=0.0)
+    weights = torch.tensor([0.8**i for i in range(ttt)], device=dev)
+    d = Dist()
 
-    def step():
+    def step():  # the training loop's own step
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            losses, _, counts = model(batch, head, ttt)
-        loss = sum(w * lo for w, lo in zip(weights, losses)) / counts[0].clamp_min(1)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 0.5)
-        opt.step()
+            train_step(model, opt, params, batch, head, weights, 0.5, d)
 
     dt, mem = timed(step, steps)
     return {"trainer": "eaglebox", "s_per_step": dt, "tokens_per_s": seq / dt, "peak_gib": mem}
@@ -123,8 +120,8 @@ def check_fused() -> dict:
     out = []
     for model in (ref, fast):
         losses, correct, _ = ttt_forward(model, batch, head, 5)
-        sum(0.8**i * lo for i, lo in enumerate(losses)).backward()
-        out.append((torch.stack(losses), torch.stack(correct),
+        (0.8 ** torch.arange(5, device=dev) * losses).sum().backward()
+        out.append((losses, correct,
                     {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
     (l0, c0, g0), (l1, c1, g1) = out
     return {"check": "fused CUDA path vs eager dense reference (fp32)",

@@ -60,18 +60,23 @@ def test_flex_attention_equals_the_dense_reference_with_padding():
 
 
 def test_fused_head_loss_equals_autograd_of_the_plain_loss():
+    """Three TTT steps of different lengths, weighted as the trainer weights them."""
     torch.manual_seed(0)
-    B, L, H, V, T, off = 2, 9, 8, 11, 12, 2
-    x = torch.randn(B, L, H, requires_grad=True)
+    B, H, V, T = 2, 8, 11, 12
+    xs = [torch.randn(B, T - 1 - i, H, requires_grad=True) for i in range(3)]
     w = torch.randn(V, H, requires_grad=True)
     p = torch.randn(B, T, V).softmax(-1)
-    mask = torch.rand(B, L) > 0.3
-    loss, correct = DraftHeadLoss.apply(x, w, p, p.argmax(-1), mask, off, head_chunk)
-    gx, gw = torch.autograd.grad(3.0 * loss, [x, w])
-    logp = (x @ w.T).log_softmax(-1)
-    pt = p[:, off : off + L]
-    want = -(pt * logp).sum(-1)[mask].sum()
-    wx, ww = torch.autograd.grad(3.0 * want, [x, w])
-    assert torch.allclose(loss, want, atol=1e-5)
-    assert correct.item() == ((logp.argmax(-1) == pt.argmax(-1)) & mask).sum().item()
-    assert torch.allclose(gx, wx, atol=1e-5) and torch.allclose(gw, ww, atol=1e-5)
+    masks = [torch.rand(B, T - 1 - i) > 0.3 for i in range(3)]
+    weights = torch.tensor([1.0, 0.8, 0.64])
+    loss, correct = DraftHeadLoss.apply(w, p, p.argmax(-1), masks, head_chunk, *xs)
+    got = torch.autograd.grad((weights * loss).sum(), [w, *xs])
+    want_loss, want_correct = [], []
+    for i, (x, m) in enumerate(zip(xs, masks)):
+        logp = (x @ w.T).log_softmax(-1)
+        pt = p[:, 1 + i : 1 + i + x.shape[1]]
+        want_loss.append(-(pt * logp).sum(-1)[m].sum())
+        want_correct.append(((logp.argmax(-1) == pt.argmax(-1)) & m).sum())
+    want = torch.autograd.grad((weights * torch.stack(want_loss)).sum(), [w, *xs])
+    assert torch.allclose(loss, torch.stack(want_loss), atol=1e-5)
+    assert correct.tolist() == torch.stack(want_correct).tolist()
+    assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(got, want))

@@ -92,7 +92,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     head = head.to(d.device)
     ddp = parallelize(model, t.parallel, d.world)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=(0.9, 0.95), weight_decay=t.weight_decay)
+    optimizer = make_optimizer(params, t.lr, t.weight_decay)
     per_epoch = steps_per_epoch(len(reader), d.world, t.batch_size)
     if per_epoch == 0:
         raise EagleboxError(f"{len(reader)} samples are fewer than one step ({d.world} ranks x batch {t.batch_size})")
@@ -109,35 +109,30 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     if d.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         _truncate_metrics(metrics_path, step)
-    weights = [t.loss_decay**i for i in range(t.ttt_length)]
+    weights = torch.tensor([t.loss_decay**i for i in range(t.ttt_length)], device=d.device)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if (d.device.type == "cuda" and t.dtype == "bfloat16") \
         else torch.autocast("cpu", enabled=False)
     bar = progress.bar(total=total, initial=step, desc="train", unit="step", disable=d.rank != 0)
-    tokens_seen, t0 = 0, time.monotonic()
+    tokens_seen, t0 = torch.zeros((), dtype=torch.int64, device=d.device), time.monotonic()
     while step < total:
         epoch, in_epoch = divmod(step, per_epoch)
         batch_ids = batch_indices(len(reader), t.seed, epoch, in_epoch, d.world, d.rank, t.batch_size)
         batch = collate(reader, batch_ids, t.max_length, d.device, 128 if d.device.type == "cuda" else 1)
         with autocast:
-            losses, correct, counts = ddp(batch, head, t.ttt_length)
-        denom = d.sum(counts[0].detach().clone().float()).clamp_min(1)
-        loss = sum(w * lo for w, lo in zip(weights, losses)) / denom * d.world  # DDP and FSDP average gradients
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
-        grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: a DTensor
-        optimizer.step()
+            grad_norm, stats = train_step(ddp, optimizer, params, batch, head, weights, t.max_grad_norm, d)
         scheduler.step()
         step += 1
-        tokens_seen += int(batch["valid"].sum())
-        stats = d.sum(torch.stack([torch.stack(losses).detach().float(), torch.stack(correct).float(),
-                                   torch.stack(counts).float()]).cpu())
-        if d.rank == 0 and (step % t.log_every == 0 or step == total):
+        tokens_seen += batch["valid"].sum()
+        logged = step % t.log_every == 0 or step == total
+        if logged:  # collectives on every rank; the loop's only host sync
+            stats = d.sum(stats).cpu()
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
+        if d.rank == 0 and logged:
             row = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
-                   "loss": float((torch.tensor(weights) * stats[0]).sum() / stats[2][0].clamp_min(1)),
+                   "loss": float((weights.cpu() * stats[0]).sum() / stats[2][0].clamp_min(1)),
                    "loss_per_position": (stats[0] / stats[2].clamp_min(1)).tolist(),
                    "acc_per_position": (stats[1] / stats[2].clamp_min(1)).tolist(),
-                   "tokens_per_s": tokens_seen * d.world / (time.monotonic() - t0)}
+                   "tokens_per_s": int(tokens_seen) * d.world / (time.monotonic() - t0)}
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_per_position'][0]:.2f}",
@@ -159,6 +154,27 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         log(f"train: exported {draft_dir}; curves {out / 'curves.png'}")
     d.barrier()
     return draft_dir
+
+
+def make_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW; on CUDA the fused kernel (one launch over all tensors)."""
+    fused = params[0].device.type == "cuda"
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay, fused=fused or None)
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+               batch: dict, head: torch.Tensor, weights: torch.Tensor, max_grad_norm: float, d: Dist):
+    """One optimizer step (under the caller's autocast). Returns the gradient norm and this rank's
+    [3, ttt] sums of losses, top-1 hits and scored positions, on the device: nothing here waits for
+    the GPU, so the next batch is read while this one computes."""
+    losses, correct, counts = model(batch, head, len(weights))
+    denom = d.sum(counts[0].detach().float()).clamp_min(1)
+    loss = (weights * losses).sum() / denom * d.world  # DDP and FSDP average gradients
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+    optimizer.step()
+    return grad_norm, torch.stack([losses.detach(), correct.float(), counts.float()])
 
 
 def parallelize(model: Eagle3Draft, how: str, world: int) -> torch.nn.Module:

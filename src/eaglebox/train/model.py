@@ -263,45 +263,55 @@ def head_chunk(z: torch.Tensor, p: torch.Tensor, p_argmax: torch.Tensor, m: torc
 
 
 class DraftHeadLoss(torch.autograd.Function):
-    """The draft's lm_head and its soft-target loss in row chunks, never holding fp32 logits.
+    """The draft's lm_head and its soft-target loss for all TTT steps at once, in row chunks, never
+    holding fp32 logits.
 
-    Rows ``x`` [B, L, H] are scored with lm_head ``w`` (in the compute dtype) against
-    ``p[:, offset:offset+L]`` under ``mask`` [B, L]. Forward keeps only the logits' gradient, in
-    the compute dtype -- what autograd holds for a bf16 lm_head, without the fp32 logits,
-    log-probabilities and shifted targets beside it -- and backward is two GEMMs. Every row is
-    computed, masked or not: gathering the scored rows costs a host sync and a scatter, which
-    measured slower on the H200 than the wasted rows. ``chunk_fn`` is :func:`head_chunk` or its
-    compiled form.
+    Step ``i``'s rows ``xs[i]`` [B, L_i, H] are scored with lm_head ``w`` (in the compute dtype)
+    against ``p[:, 1+i : 1+i+L_i]`` under ``masks[i]`` [B, L_i]; returns per-step summed losses and
+    top-1 hits, both [steps]. Forward keeps only the logits' gradient, in the compute dtype -- what
+    autograd holds for a bf16 lm_head, without the fp32 logits, log-probabilities and shifted
+    targets beside it. The steps' rows sit in one buffer, so backward is two GEMMs over all of them:
+    one lm_head gradient, not one per step summed. A step's loss needs only its own rows (the next
+    step is fed the pre-norm output), which is why the head can wait until every step has run.
+    Every row is computed, masked or not: gathering the scored rows costs a host sync and a
+    scatter, which measured slower on the H200 than the wasted rows. ``chunk_fn`` is
+    :func:`head_chunk` or its compiled form.
     """
 
     @staticmethod
-    def forward(ctx, x, w, p, p_argmax, mask, offset: int, chunk_fn):
-        B, L, _ = x.shape
-        xs = x.to(w.dtype)
-        grads = torch.empty(B, L, w.shape[0], dtype=w.dtype, device=x.device)
-        loss = torch.zeros((), dtype=torch.float32, device=x.device)
-        correct = torch.zeros((), dtype=torch.int64, device=x.device)
+    def forward(ctx, w, p, p_argmax, masks, chunk_fn, *xs):
+        B = xs[0].shape[0]
+        lengths = [x.shape[1] for x in xs]
+        x_all = torch.cat([x.to(w.dtype) for x in xs], dim=1)  # [B, sum L_i, H]
+        grads = torch.empty(B, x_all.shape[1], w.shape[0], dtype=w.dtype, device=w.device)
+        loss = torch.zeros(len(xs), dtype=torch.float32, device=w.device)
+        correct = torch.zeros(len(xs), dtype=torch.int64, device=w.device)
         rows = max(1, 2**26 // w.shape[0])  # 256 MB of fp32 logits at a time
-        for b in range(B):
-            for s in range(0, L, rows):
-                e = min(L, s + rows)
-                lo, hit, grads[b, s:e] = chunk_fn(xs[b, s:e] @ w.T, p[b, offset + s : offset + e],
-                                                  p_argmax[b, offset + s : offset + e], mask[b, s:e])
-                loss += lo
-                correct += hit
-        ctx.save_for_backward(xs, w, grads)
-        ctx.x_dtype = x.dtype
+        start = 0
+        for i, (L, m) in enumerate(zip(lengths, masks)):
+            for b in range(B):
+                for s in range(0, L, rows):
+                    e = min(L, s + rows)
+                    lo, hit, grads[b, start + s : start + e] = chunk_fn(
+                        x_all[b, start + s : start + e] @ w.T, p[b, 1 + i + s : 1 + i + e],
+                        p_argmax[b, 1 + i + s : 1 + i + e], m[b, s:e])
+                    loss[i] += lo
+                    correct[i] += hit
+            start += L
+        ctx.save_for_backward(x_all, w, grads)
+        ctx.lengths, ctx.x_dtype = lengths, xs[0].dtype
         ctx.mark_non_differentiable(correct)
         return loss, correct
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_correct):
-        xs, w, grads = ctx.saved_tensors
+        x_all, w, grads = ctx.saved_tensors
+        lengths = torch.tensor(ctx.lengths, device=w.device)
+        scale = grad_loss.to(w.dtype).repeat_interleave(lengths, output_size=sum(ctx.lengths))[None, :, None]
         g = grads.flatten(0, 1)
-        scale = grad_loss.to(g.dtype)
-        grad_x = (g @ w).mul_(scale).view(xs.shape).to(ctx.x_dtype)
-        grad_w = g.T @ (xs.flatten(0, 1) * scale)  # scale the smaller operand, not the [V, H] result
-        return grad_x, grad_w, None, None, None, None, None
+        grad_x = (grads @ w).mul_(scale).to(ctx.x_dtype)
+        grad_w = g.T @ (x_all * scale).flatten(0, 1)  # scale the smaller operand, not the [V, H] result
+        return (grad_w, None, None, None, None, *grad_x.split(ctx.lengths, dim=1))
 
 
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -313,8 +323,8 @@ def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
 
 
 def ttt_forward(model: Eagle3Draft, batch: dict, lm_head_weight: torch.Tensor,
-                ttt_length: int) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-    """Summed losses, correct top-1 counts and scored positions, per TTT step, for a padded batch.
+                ttt_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summed losses, correct top-1 counts and scored positions, each [ttt_length], for a padded batch.
 
     batch: ``input_ids`` [B, T], ``loss_mask`` [B, T], ``aux`` [B, T, k*Ht], ``last`` [B, T, Ht],
     ``valid`` [B, T] (False on padding). Sums, not means: the caller normalises after summing over
@@ -332,7 +342,7 @@ def ttt_forward(model: Eagle3Draft, batch: dict, lm_head_weight: torch.Tensor,
     dtype = torch.get_autocast_dtype(ids.device.type) if torch.is_autocast_enabled(ids.device.type) else h.dtype
     w = model.step_weights(dtype)
     h = h.to(dtype)
-    keys, values, losses, correct, counts = [], [], [], [], []
+    keys, values, rows, masks = [], [], [], []
     for i in range(ttt_length):
         tok = shift_left(ids, 1 + i)
         q, k, v = model.qkv(w, model.embed_tokens(tok).to(dtype), h, positions + i)
@@ -340,10 +350,7 @@ def ttt_forward(model: Eagle3Draft, batch: dict, lm_head_weight: torch.Tensor,
         values.append(v)
         h, normed = model.finish(w, h, model.attention(q, keys, values, valid, ttt_length))
         L = T - 1 - i  # rows t whose target distribution (at t+1+i) exists
-        mask = shift_left(scored, 2 + i, False)[:, :L] & in_vocab[:, 1 + i :]
-        loss, right = DraftHeadLoss.apply(normed[:, :L], w["lm_head"], probs, probs_argmax, mask, 1 + i,
-                                          model.head_chunk)
-        losses.append(loss)
-        correct.append(right)
-        counts.append(mask.sum())
-    return losses, correct, counts
+        rows.append(normed[:, :L])
+        masks.append(shift_left(scored, 2 + i, False)[:, :L] & in_vocab[:, 1 + i :])
+    losses, correct = DraftHeadLoss.apply(w["lm_head"], probs, probs_argmax, masks, model.head_chunk, *rows)
+    return losses, correct, torch.stack([m.sum() for m in masks])
