@@ -2,7 +2,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglebox.capture.sink import CaptureSink, sample_id_from_rid, tensor_sha256
+from eaglebox.capture.sink import CaptureSink, sample_id_from_rid
+from eaglebox.shards.format import tensor_sha256
 
 
 def test_rid_parsing():
@@ -58,3 +59,26 @@ def test_sha_depends_on_every_byte():
     u = {"a": torch.zeros(4, dtype=torch.bfloat16)}
     u["a"][3] = 1
     assert tensor_sha256(t) != tensor_sha256(u)
+
+
+def test_streamed_safetensors_read_back_by_safetensors_and_hash_the_file(tmp_path):
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    from eaglebox.shards.format import write_safetensors
+
+    parts = {"aux": [torch.randn(3, 4).bfloat16(), torch.randn(2, 4).bfloat16()],
+             "mask": [torch.tensor([1, 0, 1], dtype=torch.uint8)], "ids": [torch.arange(5), torch.arange(2)]}
+    path = tmp_path / "x.safetensors"
+    digest, size = write_safetensors(path, parts, {"k": "v"}, fsync=True)
+    got = load_file(path)
+    assert {k: torch.cat(v) for k, v in parts.items()}.keys() == got.keys()
+    assert all(torch.equal(got[k], torch.cat(v)) for k, v in parts.items())
+    with safe_open(str(path), "pt") as f:
+        assert f.metadata() == {"k": "v"}
+    assert digest == hashlib.sha256(path.read_bytes()).hexdigest() and size == path.stat().st_size
+    assert tensor_sha256(parts) == tensor_sha256({k: torch.cat(v) for k, v in parts.items()})
+    with pytest.raises(ValueError, match="'aux'"):  # mismatched parts: nothing written, no temp left
+        write_safetensors(tmp_path / "y.safetensors", {"aux": [torch.zeros(2, 4), torch.zeros(2, 3)]}, {}, fsync=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]

@@ -12,7 +12,6 @@ the model's dtype, and metadata with the rows and a sha256 over the tensor bytes
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import queue
@@ -22,7 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save as st_save
+
+from eaglebox.shards.format import tensor_sha256, write_safetensors
 
 RID_PREFIX = "eaglebox-"
 
@@ -34,16 +34,6 @@ def sample_id_from_rid(rid: str) -> str | None:
     body = rid[len(RID_PREFIX):]
     sid, _, nonce = body.rpartition("-")
     return sid if sid and nonce else None
-
-
-def tensor_sha256(tensors: dict[str, torch.Tensor]) -> str:
-    """sha256 over the raw bytes of the tensors, in key order (dtype-agnostic, no copies on CPU)."""
-    h = hashlib.sha256()
-    for key in sorted(tensors):
-        t = tensors[key].contiguous()
-        h.update(key.encode())
-        h.update(t.view(torch.uint8).numpy().data if t.numel() else b"")
-    return h.hexdigest()
 
 
 @dataclass
@@ -120,16 +110,12 @@ def _lowest_cpu_priority() -> None:
 
 def write_sample(path: Path, input_ids: list[int], aux: list[torch.Tensor], last: list[torch.Tensor],
                  header: dict) -> str:
-    tensors = {
-        "input_ids": torch.tensor(input_ids, dtype=torch.int64),
-        "aux": torch.cat(aux) if len(aux) > 1 else aux[0].contiguous(),
-        "last": torch.cat(last) if len(last) > 1 else last[0].contiguous(),
-    }
+    """Write one sample's chunks as a staged safetensors file (no fsync: the client packs it into a
+    shard and deletes it); returns the tensor sha256 it records."""
+    tensors = {"input_ids": [torch.tensor(input_ids, dtype=torch.int64)], "aux": aux, "last": last}
     digest = tensor_sha256(tensors)
     meta = {"rows": str(len(input_ids)), "sha256": digest, "header": json.dumps(header, sort_keys=True)}
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_bytes(st_save(tensors, metadata=meta))
-    os.replace(tmp, path)
+    write_safetensors(path, tensors, meta, fsync=False)
     return digest
 
 

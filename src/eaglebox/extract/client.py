@@ -29,18 +29,18 @@ import torch
 from safetensors import safe_open
 
 from eaglebox import progress
-from eaglebox.capture.sink import RID_PREFIX, tensor_sha256
+from eaglebox.capture.sink import RID_PREFIX
 from eaglebox.errors import EagleboxError
 from eaglebox.extract.dataset import BadRow, Row, read_rows, tokenize
 from eaglebox.shards.format import (
     FORMAT,
     Sample,
-    atomic_write_bytes,
-    encode_shard,
     file_sha256,
     load_manifest,
     save_manifest,
     shard_name,
+    tensor_sha256,
+    write_shard,
 )
 
 STAGING = ".staging"
@@ -328,13 +328,12 @@ def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spe
         if s.aux.shape[1] != spec["hidden_size"] * len(spec["layer_ids"]) or str(s.aux.dtype) != f"torch.{spec['dtype']}":
             raise ExtractError(f"sample {s.id}: aux {tuple(s.aux.shape)} {s.aux.dtype} does not match the capture "
                                f"spec ({len(spec['layer_ids'])} x {spec['hidden_size']}, {spec['dtype']})")
-    data = encode_shard(samples, spec)
     path = out / shard_name(index)
-    atomic_write_bytes(path, data)
+    digest, size = write_shard(path, samples, spec)
     entries, offset = [], 0
     for p, s in zip(shard, samples):
         entries.append({"id": p.id, "line": p.line, "offset": offset, "rows": len(p.input_ids),
                         "loss_tokens": int(sum(p.loss_mask)),
                         "sha256": tensor_sha256({"input_ids": s.input_ids, "aux": s.aux, "last": s.last})})
         offset += len(p.input_ids)
-    return {"file": path.name, "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data), "samples": entries}
+    return {"file": path.name, "sha256": digest, "bytes": size, "samples": entries}

@@ -17,12 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save as st_save
 
 from eaglebox.errors import EagleboxError
 
@@ -41,6 +41,66 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
+
+
+_DTYPE_CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+                torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.uint8: "U8", torch.int8: "I8",
+                torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """The raw bytes of a CPU tensor; no copy when it is contiguous."""
+    return memoryview(t.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def tensor_sha256(tensors: dict[str, torch.Tensor | list[torch.Tensor]]) -> str:
+    """sha256 over the raw bytes of the tensors (each one whole or as its dim-0 parts), in key
+    order: dtype-agnostic, no copies on CPU, the same for a tensor and for its parts."""
+    h = hashlib.sha256()
+    for key in sorted(tensors):
+        h.update(key.encode())
+        for part in tensors[key] if isinstance(tensors[key], list) else [tensors[key]]:
+            h.update(tensor_bytes(part))
+    return h.hexdigest()
+
+
+def write_safetensors(path: Path, tensors: dict[str, list[torch.Tensor]], metadata: dict[str, str], *,
+                      fsync: bool) -> tuple[str, int]:
+    """Write a safetensors file straight from tensor memory; returns the file's sha256 and size.
+
+    Each entry is the concatenation (dim 0) of its parts, written part after part: no joined copy
+    and no serialised copy of the file, both of which safetensors' own ``save`` makes while holding
+    the GIL (which the capture writer shares with SGLang's scheduler). Deterministic bytes; atomic
+    (temp + rename, the temp removed on failure)."""
+    header, offset = {}, 0
+    order = sorted(tensors, key=lambda k: (-tensors[k][0].element_size(), k))  # each offset aligned
+    for key in order:
+        parts = tensors[key]
+        first = parts[0]
+        if any(q.dtype != first.dtype or q.shape[1:] != first.shape[1:] for q in parts):
+            raise ValueError(f"{path}: the parts of {key!r} differ in dtype or trailing shape")
+        size = sum(q.numel() for q in parts) * first.element_size()
+        header[key] = {"dtype": _DTYPE_CODES[first.dtype], "shape": [sum(q.shape[0] for q in parts), *first.shape[1:]],
+                       "data_offsets": [offset, offset + size]}
+        offset += size
+    header["__metadata__"] = metadata
+    blob = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+    blob += b" " * (-len(blob) % 8)
+    h = hashlib.sha256()
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            for b in [struct.pack("<Q", len(blob)), blob, *(tensor_bytes(q) for k in order for q in tensors[k])]:
+                f.write(b)
+                h.update(b)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return h.hexdigest(), 8 + len(blob) + offset
 
 
 def file_sha256(path: Path) -> str:
@@ -64,22 +124,22 @@ class Sample:
     last: torch.Tensor
 
 
-def encode_shard(samples: list[Sample], header: dict) -> bytes:
-    """Serialise samples; deterministic (no timestamps), so a rerun gives identical bytes."""
+def write_shard(path: Path, samples: list[Sample], header: dict) -> tuple[str, int]:
+    """Write samples as one shard; deterministic (no timestamps), so a rerun gives identical bytes.
+    Returns the file's sha256 and size."""
     offsets = [0]
     for s in samples:
         offsets.append(offsets[-1] + s.input_ids.numel())
     tensors = {
-        "input_ids": torch.cat([s.input_ids.to(torch.int64) for s in samples]),
-        "loss_mask": torch.cat([s.loss_mask.to(torch.uint8) for s in samples]),
-        "aux": torch.cat([s.aux for s in samples]),
-        "last": torch.cat([s.last for s in samples]),
-        "offsets": torch.tensor(offsets, dtype=torch.int64),
+        "input_ids": [s.input_ids.to(torch.int64) for s in samples],
+        "loss_mask": [s.loss_mask.to(torch.uint8) for s in samples],
+        "aux": [s.aux for s in samples],
+        "last": [s.last for s in samples],
+        "offsets": [torch.tensor(offsets, dtype=torch.int64)],
     }
-    # one metadata key: safetensors writes several in hash-map order, which changes between processes
     meta = {"eaglebox": json.dumps({"format": FORMAT, "header": header, "sample_ids": [s.id for s in samples]},
                                    sort_keys=True)}
-    return st_save(tensors, metadata=meta)
+    return write_safetensors(path, tensors, meta, fsync=True)
 
 
 def load_manifest(out_dir: Path) -> dict | None:
