@@ -61,8 +61,9 @@ def timed(step, steps: int, warmup: int = 2):
 def run_eaglebox(seq: int, ttt: int, steps: int) -> dict:
     import torch
 
-    from eaglebox.train.loop import Dist, make_optimizer, train_step
+    from eaglebox.train.dist import Dist
     from eaglebox.train.model import DraftSpec, Eagle3Draft
+    from eaglebox.train.step import make_optimizer, train_step
 
     dev = torch.device("cuda")
     batch, head, embed, d2t, t2d = synthetic(seq, dev)

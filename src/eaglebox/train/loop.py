@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 from eaglebox import progress
 from eaglebox.errors import EagleboxError
@@ -23,7 +21,9 @@ from eaglebox.layers import SGLANG_CONVENTION
 from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.train import checkpoint
 from eaglebox.train.data import batch_indices, collate, steps_per_epoch
+from eaglebox.train.dist import Dist
 from eaglebox.train.model import Eagle3Draft
+from eaglebox.train.step import make_optimizer, train_step
 from eaglebox.train.target import draft_spec, load_embed_and_head
 from eaglebox.train.vocab import build_vocab, token_counts
 
@@ -43,31 +43,6 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
         progress = (step - warmup) / max(1, total - warmup)
         return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return f
-
-
-class Dist:
-    """Rank bookkeeping; a single process is world 1 without a process group."""
-
-    def __init__(self):
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        if torch.cuda.is_available():
-            torch.cuda.set_device(self.local_rank)
-            self.device = torch.device("cuda", self.local_rank)
-        else:
-            self.device = torch.device("cpu")
-        if self.world > 1 and not dist.is_initialized():
-            dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
-
-    def barrier(self) -> None:
-        if self.world > 1:
-            dist.barrier()
-
-    def sum(self, t: torch.Tensor) -> torch.Tensor:
-        if self.world > 1:
-            dist.all_reduce(t)
-        return t
 
 
 def run_train(cfg, expected_header: dict, log=print) -> Path:
@@ -154,27 +129,6 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         log(f"train: exported {draft_dir}; curves {out / 'curves.png'}")
     d.barrier()
     return draft_dir
-
-
-def make_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
-    """AdamW; on CUDA the fused kernel (one launch over all tensors)."""
-    fused = params[0].device.type == "cuda"
-    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=weight_decay, fused=fused or None)
-
-
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
-               batch: dict, head: torch.Tensor, weights: torch.Tensor, max_grad_norm: float, d: Dist):
-    """One optimizer step (under the caller's autocast). Returns the gradient norm and this rank's
-    [3, ttt] sums of losses, top-1 hits and scored positions, on the device: nothing here waits for
-    the GPU, so the next batch is read while this one computes."""
-    losses, correct, counts = model(batch, head, len(weights))
-    denom = d.sum(counts[0].detach().float()).clamp_min(1)
-    loss = (weights * losses).sum() / denom * d.world  # DDP and FSDP average gradients
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-    optimizer.step()
-    return grad_norm, torch.stack([losses.detach(), correct.float(), counts.float()])
 
 
 def parallelize(model: Eagle3Draft, how: str, world: int) -> torch.nn.Module:
