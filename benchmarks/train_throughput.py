@@ -7,7 +7,7 @@ prints tokens/s, peak GiB and the ratios measured in this one run. First, in its
 checks that eaglebox's CUDA path (compiled blocks, flex attention, fused loss) gives the losses
 and gradients of the eager dense reference (fp32, a small draft, padded batch).
 
-    python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 6] [--rounds 2]
+    python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 6] [--rounds 2] [--backends flex_attention,sdpa]
 """
 
 from __future__ import annotations
@@ -178,6 +178,7 @@ def main() -> None:
     p.add_argument("--ttt", type=int, default=7)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--backends", default="flex_attention,sdpa", help="SpecForge attention backends to run")
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
@@ -190,7 +191,7 @@ def main() -> None:
         print("RESULT " + json.dumps(r), flush=True)
         return
     results = []
-    for kind in ["check"] + ["eaglebox", "specforge:flex_attention", "specforge:sdpa"] * a.rounds:
+    for kind in ["check"] + (["eaglebox"] + [f"specforge:{b}" for b in a.backends.split(",")]) * a.rounds:
         out = subprocess.run([sys.executable, __file__, "--one", kind, "--seq", str(a.seq), "--ttt", str(a.ttt),
                               "--steps", str(a.steps)], capture_output=True, text=True, env=os.environ)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]

@@ -199,40 +199,46 @@ def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=1.0 / math.sqrt(d))
 
 
-def ttt_mask_mod(T: int, limit: torch.Tensor, valid: torch.Tensor):
+def ttt_mask_mod(T: int, limit: torch.Tensor):
     """The mask of :func:`ttt_attention` as a flex-attention ``mask_mod`` over keys ``[step 0 | 1 | ...]``:
     key ``kv`` is sequence index ``kv % T`` of step ``kv // T``; keys at or past ``limit`` are padding."""
 
     def mask_mod(b, h, q_idx, kv_idx):
         j = kv_idx % T
-        return (j <= q_idx) & valid[b, j] & ((kv_idx < T) | ((j == q_idx) & (kv_idx < limit)))
+        return (j <= q_idx) & ((kv_idx < T) | ((j == q_idx) & (kv_idx < limit)))
 
     return mask_mod
 
 
 _compiled_flex = None
+_block_masks: dict = {}
 
 
 def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                        valid: torch.Tensor, steps: int) -> torch.Tensor:
     """:func:`ttt_attention` with a block-sparse mask: step ``i`` costs a causal ``T x T`` plus ``i``
     diagonal blocks, not a dense ``T x (i+1)T``. Keys are zero-padded to all ``steps`` (blocks
-    the mask skips, so no work) so that one compiled kernel serves every step. Compiled on CUDA,
-    eager (a dense reference inside flex) elsewhere."""
+    the mask skips, so no work) so that one compiled kernel serves every step. Batches are padded
+    on the right, so a padding key is only ever seen by padding queries (causal and diagonal keys
+    sit at or before the query) and ``valid`` needs no mask here: the block mask depends only on
+    the length and the step, and is built once per pair. Compiled on CUDA, eager (a dense
+    reference inside flex) elsewhere."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     B, Hq, T, _ = q.shape
     pad = [keys[0].new_zeros(*keys[0].shape[:2], (steps - len(keys)) * T, keys[0].shape[3])]
     k, v = torch.cat(keys + pad, dim=2), torch.cat(values + pad, dim=2)
-    limit = torch.full((), len(keys) * T, device=q.device)  # a fill kernel: no host sync
     on_gpu = q.device.type == "cuda"
-    block = create_block_mask(ttt_mask_mod(T, limit, valid), B, None, T, steps * T, device=q.device,
-                              _compile=on_gpu)
+    key = (T, steps, len(keys), q.device)
+    if key not in _block_masks:
+        limit = torch.tensor(len(keys) * T, device=q.device)
+        _block_masks[key] = create_block_mask(ttt_mask_mod(T, limit), None, None, T, steps * T, device=q.device,
+                                              _compile=on_gpu)
     if on_gpu and _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention)
     fn = _compiled_flex if on_gpu else flex_attention
-    return fn(q, k, v, block_mask=block, enable_gqa=Hq != k.shape[1])
+    return fn(q, k, v, block_mask=_block_masks[key], enable_gqa=Hq != k.shape[1])
 
 
 def target_probs(last: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor,
