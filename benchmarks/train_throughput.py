@@ -7,7 +7,7 @@ prints tokens/s, peak GiB and the ratios measured in this one run. First, in its
 checks that eaglebox's CUDA path (compiled blocks, flex attention, fused loss) gives the losses
 and gradients of the eager dense reference (fp32, a small draft, padded batch).
 
-    python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 6] [--rounds 2] [--backends flex_attention,sdpa]
+    python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 6] [--rounds 2] [--backends flex_attention,sdpa] [--profile]
 """
 
 from __future__ import annotations
@@ -58,7 +58,27 @@ def timed(step, steps: int, warmup: int = 2):
     return (time.perf_counter() - t0) / steps, torch.cuda.max_memory_allocated() / 2**30
 
 
-def run_eaglebox(seq: int, ttt: int, steps: int) -> dict:
+def gpu_time_by_kernel(step, steps: int = 2) -> dict:
+    """CUDA time per step (ms) by kernel family, from torch.profiler: how much of the wall time
+    the GPU is busy, and with what."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    families: dict[str, float] = {}
+    for e in prof.key_averages():
+        n = e.key.lower()
+        fam = ("gemm" if any(x in n for x in ("gemm", "cutlass", "nvjet", "cublas", "xmma")) else
+               "flex attention" if "flex" in n else "adam" if "adam" in n else
+               "fused (triton)" if n.startswith("triton") else "other")
+        families[fam] = families.get(fam, 0.0) + e.device_time_total / steps / 1000
+    return {k: round(v, 2) for k, v in sorted(families.items(), key=lambda kv: -kv[1])}
+
+
+def run_eaglebox(seq: int, ttt: int, steps: int, profile: bool = False) -> dict:
     import torch
 
     from eaglebox.train.dist import Dist
@@ -90,7 +110,10 @@ def run_eaglebox(seq: int, ttt: int, steps: int) -> dict:
             train_step(model, opt, params, batch, head, weights, 0.5, d)
 
     dt, mem = timed(step, steps)
-    return {"trainer": "eaglebox", "s_per_step": dt, "tokens_per_s": seq / dt, "peak_gib": mem}
+    out = {"trainer": "eaglebox", "s_per_step": dt, "tokens_per_s": seq / dt, "peak_gib": mem}
+    if profile:
+        out["gpu_ms_per_step"] = gpu_time_by_kernel(step)
+    return out
 
 
 def check_fused() -> dict:
@@ -179,12 +202,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--backends", default="flex_attention,sdpa", help="SpecForge attention backends to run")
+    p.add_argument("--profile", action="store_true", help="also report eaglebox's GPU time by kernel family")
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
         kind, _, backend = a.one.partition(":")
         try:
-            r = (check_fused() if kind == "check" else run_eaglebox(a.seq, a.ttt, a.steps) if kind == "eaglebox"
+            r = (check_fused() if kind == "check" else run_eaglebox(a.seq, a.ttt, a.steps, a.profile) if kind == "eaglebox"
                  else run_specforge(a.seq, a.ttt, a.steps, backend))
         except Exception as err:  # reported in the table, not hidden
             r = {"trainer": a.one, "error": f"{type(err).__name__}: {err}"[:600]}
@@ -193,7 +217,7 @@ def main() -> None:
     results = []
     for kind in ["check"] + (["eaglebox"] + [f"specforge:{b}" for b in a.backends.split(",")]) * a.rounds:
         out = subprocess.run([sys.executable, __file__, "--one", kind, "--seq", str(a.seq), "--ttt", str(a.ttt),
-                              "--steps", str(a.steps)], capture_output=True, text=True, env=os.environ)
+                              "--steps", str(a.steps), *(["--profile"] if a.profile else [])], capture_output=True, text=True, env=os.environ)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         results.append(json.loads(line[-1][7:]) if line else {"trainer": kind, "error": out.stderr[-600:]})
         print(json.dumps(results[-1]), flush=True)
