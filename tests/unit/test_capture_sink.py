@@ -81,4 +81,7 @@ def test_streamed_safetensors_read_back_by_safetensors_and_hash_the_file(tmp_pat
     assert tensor_sha256(parts) == tensor_sha256({k: torch.cat(v) for k, v in parts.items()})
     with pytest.raises(ValueError, match="'aux'"):  # mismatched parts: nothing written, no temp left
         write_safetensors(tmp_path / "y.safetensors", {"aux": [torch.zeros(2, 4), torch.zeros(2, 3)]}, {}, fsync=False)
+    with pytest.raises(TypeError, match="meta"):  # fails with the temp open (a meta tensor has no bytes): the temp is removed
+        write_safetensors(tmp_path / "z.safetensors", {"a": [torch.zeros(4)], "b": [torch.empty(2, device="meta")]}, {},
+                          fsync=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]

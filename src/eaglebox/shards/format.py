@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import struct
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,13 +35,26 @@ class ShardError(EagleboxError, ValueError):
     pass
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
+@contextmanager
+def atomic_file(path: Path, *, fsync: bool = True):
+    """A binary file that appears at ``path`` only once complete: written as a temp beside it
+    (``.<name>.<pid>.tmp``), renamed into place on success, removed on failure."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
+    try:
+        with open(tmp, "wb") as f:
+            yield f
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    with atomic_file(path) as f:
         f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 _DTYPE_CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
@@ -87,19 +101,10 @@ def write_safetensors(path: Path, tensors: dict[str, list[torch.Tensor]], metada
     blob = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
     h = hashlib.sha256()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as f:
-            for b in [struct.pack("<Q", len(blob)), blob, *(tensor_bytes(q) for k in order for q in tensors[k])]:
-                f.write(b)
-                h.update(b)
-            if fsync:
-                f.flush()
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_file(path, fsync=fsync) as f:
+        for b in [struct.pack("<Q", len(blob)), blob, *(tensor_bytes(q) for k in order for q in tensors[k])]:
+            f.write(b)
+            h.update(b)
     return h.hexdigest(), 8 + len(blob) + offset
 
 
