@@ -312,14 +312,15 @@ def read_staged(path: Path, p: Planned, spec: dict) -> Sample:
         if server.get(key) != spec[key]:
             raise ExtractError(f"{path}: the server reports {key}={server.get(key)}, the capture spec says "
                                f"{spec[key]}; the running SGLang hooks other layers or is another build")
-    if tensor_sha256(tensors) != meta.get("sha256"):
+    digest = tensor_sha256(tensors)
+    if digest != meta.get("sha256"):
         raise ExtractError(f"{path}: tensor sha256 differs from the one the server recorded")
     if tensors["input_ids"].tolist() != p.input_ids:
         raise ExtractError(f"{path}: the server ran other token ids than were sent for line {p.line}")
     if not (tensors["aux"].shape[0] == tensors["last"].shape[0] == len(p.input_ids)):
         raise ExtractError(f"{path}: {tensors['aux'].shape[0]} rows for a {len(p.input_ids)}-token prompt")
     return Sample(p.id, tensors["input_ids"], torch.tensor(p.loss_mask, dtype=torch.uint8), tensors["aux"],
-                  tensors["last"])
+                  tensors["last"], digest)
 
 
 def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: dict) -> dict:
@@ -334,6 +335,6 @@ def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spe
     for p, s in zip(shard, samples):
         entries.append({"id": p.id, "line": p.line, "offset": offset, "rows": len(p.input_ids),
                         "loss_tokens": int(sum(p.loss_mask)),
-                        "sha256": tensor_sha256({"input_ids": s.input_ids, "aux": s.aux, "last": s.last})})
+                        "sha256": s.sha256})
         offset += len(p.input_ids)
     return {"file": path.name, "sha256": digest, "bytes": size, "samples": entries}

@@ -127,6 +127,7 @@ class Sample:
     loss_mask: torch.Tensor
     aux: torch.Tensor
     last: torch.Tensor
+    sha256: str  # tensor_sha256 of input_ids, aux and last, as the manifest records it
 
 
 def write_shard(path: Path, samples: list[Sample], header: dict) -> tuple[str, int]:
