@@ -3,11 +3,14 @@
 Draft shaped like Llama-3.1-8B's EAGLE-3 head (hidden 4096, 32 heads, 8 KV heads, intermediate 14336,
 vocab 128256, draft vocab 32000), sequence 2048, TTT 7, synthetic features (bf16). Each trainer runs
 in its own process (fresh CUDA context, clean peak-memory counter), alternating, and the script
-prints tokens/s, peak GiB and the ratios measured in this one run. First, in its own process, it
-checks that eaglebox's CUDA path (compiled blocks, flex attention, fused loss) gives the losses
-and gradients of the eager dense reference (fp32, a small draft, padded batch).
+prints tokens/s, peak GiB and the ratios measured in this one run. eaglebox runs the training
+loop's step: compiled blocks, flex attention, fused loss, replayed as a CUDA graph (``--eager``
+adds the same step without graphs). First, in its own process, it checks that path: losses and
+gradients against the eager dense reference (fp32, a small draft, padded batch), and graph
+replays against eager steps over two batch shapes.
 
-    python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 6] [--rounds 2] [--backends flex_attention,sdpa] [--profile]
+    python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 6] [--rounds 2]
+        [--backends flex_attention,sdpa] [--profile] [--eager]
 """
 
 from __future__ import annotations
@@ -44,18 +47,24 @@ def synthetic(seq: int, device):
     return {k: v.to(device) for k, v in batch.items()}, head.to(device), embed.to(device), d2t.to(device), t2d.to(device)
 
 
-def timed(step, steps: int, warmup: int = 2):
+def timed(step, steps: int, warmup: int = 2) -> dict:
+    """Seconds per step after ``warmup`` steps, and peak memory over all of them: a CUDA graph
+    allocates only while it is captured (in warm-up), so peaks counted after warm-up would miss it.
+    ``peak_gib`` is allocated memory, ``reserved_gib`` what the caching allocator holds."""
     import torch
 
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     for _ in range(warmup):
         step()
     torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps, torch.cuda.max_memory_allocated() / 2**30
+    dt = (time.perf_counter() - t0) / steps
+    return {"s_per_step": dt, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
 def gpu_time_by_kernel(step, steps: int = 2) -> dict:
@@ -78,21 +87,18 @@ def gpu_time_by_kernel(step, steps: int = 2) -> dict:
     return {k: round(v, 2) for k, v in sorted(families.items(), key=lambda kv: -kv[1])}
 
 
-def run_eaglebox(seq: int, ttt: int, steps: int, profile: bool = False) -> dict:
+def eaglebox_step(spec, embed, d2t, t2d, head, ttt: int, graphs: bool, lr_lambda=None):
+    """The training loop's own step on a fresh draft: compiled blocks, fused AdamW, and (``graphs``)
+    CUDA graphs. Returns the step function (batch -> grad norm, stats) and the model."""
     import torch
 
     from eaglebox.train.dist import Dist
-    from eaglebox.train.model import DraftSpec, Eagle3Draft
+    from eaglebox.train.graphs import GraphedStep, make_capturable
+    from eaglebox.train.model import Eagle3Draft
     from eaglebox.train.step import make_optimizer, train_step
 
     dev = torch.device("cuda")
-    batch, head, embed, d2t, t2d = synthetic(seq, dev)
-    H = SHAPE["hidden"]
-    spec = DraftSpec(hidden_size=H, target_hidden_size=H, num_aux=3, num_attention_heads=SHAPE["heads"],
-                     num_key_value_heads=SHAPE["kv_heads"], head_dim=H // SHAPE["heads"],
-                     intermediate_size=SHAPE["intermediate"], vocab_size=SHAPE["vocab"],
-                     draft_vocab_size=SHAPE["draft_vocab"], rms_norm_eps=1e-5, rope_theta=500000.0,
-                     rope_scaling=None, max_position_embeddings=8192)
+    torch.manual_seed(0)
     model = Eagle3Draft(spec)
     model.embed_tokens.to(embed.dtype)  # as run_train does
     model.to(dev).compile_steps()
@@ -102,31 +108,100 @@ def run_eaglebox(seq: int, ttt: int, steps: int, profile: bool = False) -> dict:
         model.t2d.copy_(t2d)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = make_optimizer(params, lr=1e-4, weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda or (lambda s: 1.0))
     weights = torch.tensor([0.8**i for i in range(ttt)], device=dev)
     d = Dist()
 
-    def step():  # the training loop's own step
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            train_step(model, opt, params, batch, head, weights, 0.5, d)
+    def step(batch):
+        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
+            out = train_step(model, opt, params, batch, head, weights, 0.5, d)
+        return out
 
-    dt, mem = timed(step, steps)
-    out = {"trainer": "eaglebox", "s_per_step": dt, "tokens_per_s": seq / dt, "peak_gib": mem}
+    if graphs:
+        make_capturable(opt)
+        step = GraphedStep(step)
+
+    def step_and_schedule(batch):
+        out = step(batch)
+        sched.step()
+        return out
+
+    return step_and_schedule, model
+
+
+def run_eaglebox(seq: int, ttt: int, steps: int, profile: bool = False, graphs: bool = True) -> dict:
+    import torch
+
+    batch, head, embed, d2t, t2d = synthetic(seq, torch.device("cuda"))
+    step, _ = eaglebox_step(big_spec(), embed, d2t, t2d, head, ttt, graphs)
+    out = {"trainer": "eaglebox" + ("" if graphs else " (eager)"), **timed(lambda: step(batch), steps)}
+    out["tokens_per_s"] = seq / out["s_per_step"]
     if profile:
-        out["gpu_ms_per_step"] = gpu_time_by_kernel(step)
+        out["gpu_ms_per_step"] = gpu_time_by_kernel(lambda: step(batch))
     return out
+
+
+def big_spec():
+    from eaglebox.train.model import DraftSpec
+
+    H = SHAPE["hidden"]
+    return DraftSpec(hidden_size=H, target_hidden_size=H, num_aux=3, num_attention_heads=SHAPE["heads"],
+                     num_key_value_heads=SHAPE["kv_heads"], head_dim=H // SHAPE["heads"],
+                     intermediate_size=SHAPE["intermediate"], vocab_size=SHAPE["vocab"],
+                     draft_vocab_size=SHAPE["draft_vocab"], rms_norm_eps=1e-5, rope_theta=500000.0,
+                     rope_scaling=None, max_position_embeddings=8192)
+
+
+def small_spec():
+    from eaglebox.train.model import DraftSpec
+
+    return DraftSpec(hidden_size=256, target_hidden_size=256, num_aux=3, num_attention_heads=4, num_key_value_heads=2,
+                     head_dim=64, intermediate_size=512, vocab_size=1000, draft_vocab_size=300, rms_norm_eps=1e-5,
+                     rope_theta=500000.0, rope_scaling=None, max_position_embeddings=8192)
+
+
+def check_graphs() -> dict:
+    """Eager steps and graph replays train the same: five steps over two batch shapes (a second
+    capture in the shared pool), with a learning rate that changes every step."""
+    import torch
+
+    from eaglebox.train.vocab import build_vocab
+
+    dev = torch.device("cuda")
+    spec = small_spec()
+    g = torch.Generator().manual_seed(1)
+    d2t, t2d = build_vocab(torch.randint(0, 50, (1000,), generator=g), 300)
+    embed = torch.randn(1000, 256, generator=g).bfloat16().to(dev)
+    head = (torch.randn(1000, 256, generator=g) * 0.1).bfloat16().to(dev)
+
+    def batch(T):
+        b = {"input_ids": torch.randint(0, 1000, (2, T), generator=g), "loss_mask": torch.rand(2, T, generator=g) > 0.2,
+             "valid": torch.ones(2, T, dtype=torch.bool), "aux": torch.randn(2, T, 768, generator=g).bfloat16(),
+             "last": torch.randn(2, T, 256, generator=g).bfloat16()}
+        b["valid"][1, T - 50 :] = False
+        return {k: v.to(dev) for k, v in b.items()}
+
+    batches = [batch(T) for T in (256, 384, 256, 384, 256)]
+    runs = []
+    for graphs in (False, True):
+        step, model = eaglebox_step(spec, embed, d2t.to(dev), t2d.to(dev), head, 5, graphs, lambda s: (s + 1) / 5)
+        stats = torch.stack([step(b)[1] for b in batches])
+        runs.append((stats, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}))
+    (s0, w0), (s1, w1) = runs
+    return {"check": "CUDA graph replays vs eager steps (bf16, 5 steps, 2 shapes)",
+            "stats_max_abs_diff": float((s0 - s1).abs().max()),
+            "weights_max_abs_diff": max(float((w0[n] - w1[n]).abs().max()) for n in w0)}
 
 
 def check_fused() -> dict:
     import torch
 
-    from eaglebox.train.model import DraftSpec, Eagle3Draft, ttt_forward
+    from eaglebox.train.model import Eagle3Draft, ttt_forward
     from eaglebox.train.vocab import build_vocab
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
-    spec = DraftSpec(hidden_size=256, target_hidden_size=256, num_aux=3, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=64, intermediate_size=512, vocab_size=1000, draft_vocab_size=300, rms_norm_eps=1e-5,
-                     rope_theta=500000.0, rope_scaling=None, max_position_embeddings=8192)
+    spec = small_spec()
     ref = Eagle3Draft(spec).to(dev)
     with torch.no_grad():
         d2t, t2d = build_vocab(torch.randint(0, 50, (1000,)), 300)
@@ -191,8 +266,9 @@ def run_specforge(seq: int, ttt: int, steps: int, backend: str) -> dict:
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
 
-    dt, mem = timed(step, steps)
-    return {"trainer": f"specforge ({backend})", "s_per_step": dt, "tokens_per_s": seq / dt, "peak_gib": mem}
+    out = {"trainer": f"specforge ({backend})", **timed(step, steps)}
+    out["tokens_per_s"] = seq / out["s_per_step"]
+    return out
 
 
 def main() -> None:
@@ -203,19 +279,22 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--backends", default="flex_attention,sdpa", help="SpecForge attention backends to run")
     p.add_argument("--profile", action="store_true", help="also report eaglebox's GPU time by kernel family")
+    p.add_argument("--eager", action="store_true", help="also run eaglebox's step without CUDA graphs")
     p.add_argument("--one", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one:
         kind, _, backend = a.one.partition(":")
         try:
-            r = (check_fused() if kind == "check" else run_eaglebox(a.seq, a.ttt, a.steps, a.profile) if kind == "eaglebox"
+            r = ({**check_fused(), **check_graphs()} if kind == "check" else
+                 run_eaglebox(a.seq, a.ttt, a.steps, a.profile, graphs=backend != "eager") if kind == "eaglebox"
                  else run_specforge(a.seq, a.ttt, a.steps, backend))
         except Exception as err:  # reported in the table, not hidden
             r = {"trainer": a.one, "error": f"{type(err).__name__}: {err}"[:600]}
         print("RESULT " + json.dumps(r), flush=True)
         return
     results = []
-    for kind in ["check"] + (["eaglebox"] + [f"specforge:{b}" for b in a.backends.split(",")]) * a.rounds:
+    ours = ["eaglebox"] + (["eaglebox:eager"] if a.eager else [])
+    for kind in ["check"] + (ours + [f"specforge:{b}" for b in a.backends.split(",")]) * a.rounds:
         out = subprocess.run([sys.executable, __file__, "--one", kind, "--seq", str(a.seq), "--ttt", str(a.ttt),
                               "--steps", str(a.steps), *(["--profile"] if a.profile else [])], capture_output=True, text=True, env=os.environ)
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
@@ -226,14 +305,16 @@ def main() -> None:
         if "error" not in r and (r["trainer"] not in best or r["tokens_per_s"] > best[r["trainer"]]["tokens_per_s"]):
             best[r["trainer"]] = r
     print(f"\nseq {a.seq}, TTT {a.ttt}, draft {SHAPE}")
-    print(f"{'trainer':28s} {'tokens/s':>10s} {'s/step':>8s} {'peak GiB':>9s}")
+    print(f"{'trainer':28s} {'tokens/s':>10s} {'s/step':>8s} {'peak GiB':>9s} {'reserved GiB':>13s}")
     for r in best.values():
-        print(f"{r['trainer']:28s} {r['tokens_per_s']:10.0f} {r['s_per_step']:8.3f} {r['peak_gib']:9.1f}")
+        print(f"{r['trainer']:28s} {r['tokens_per_s']:10.0f} {r['s_per_step']:8.3f} {r['peak_gib']:9.1f} "
+              f"{r['reserved_gib']:13.1f}")
     ours = best.get("eaglebox")
     for name, r in best.items():
         if ours and name != "eaglebox":
             print(f"eaglebox / {name}: {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x tokens/s, "
-                  f"{ours['peak_gib'] / r['peak_gib']:.2f}x peak memory")
+                  f"{ours['peak_gib'] / r['peak_gib']:.2f}x peak memory, "
+                  f"{ours['reserved_gib'] / r['reserved_gib']:.2f}x reserved")
 
 
 if __name__ == "__main__":

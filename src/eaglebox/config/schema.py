@@ -109,6 +109,9 @@ class TrainConfig(Section):
     """Steps between checkpoints; the run always checkpoints at its last step."""
     keep_checkpoints: int = Field(2, ge=1)
     log_every: int = Field(10, ge=1)
+    cuda_graphs: bool = True
+    """On one CUDA process, replay each step as a CUDA graph (one per batch shape); with several
+    ranks, or on CPU, steps run eagerly. The run logs which."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """With several torchrun ranks: ddp replicates the draft; fsdp (FSDP2) shards weights, gradients
     and optimizer state, for drafts too wide to replicate."""

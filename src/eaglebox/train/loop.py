@@ -22,6 +22,7 @@ from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.train import checkpoint
 from eaglebox.train.data import batch_indices, collate, steps_per_epoch
 from eaglebox.train.dist import Dist
+from eaglebox.train.graphs import GraphedStep, make_capturable
 from eaglebox.train.model import Eagle3Draft
 from eaglebox.train.step import make_optimizer, train_step
 from eaglebox.train.target import draft_spec, load_embed_and_head
@@ -85,16 +86,26 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         _truncate_metrics(metrics_path, step)
     weights = torch.tensor([t.loss_decay**i for i in range(t.ttt_length)], device=d.device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if (d.device.type == "cuda" and t.dtype == "bfloat16") \
-        else torch.autocast("cpu", enabled=False)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) \
+        if (d.device.type == "cuda" and t.dtype == "bfloat16") else torch.autocast("cpu", enabled=False)
+
+    def step_fn(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast:
+            return train_step(ddp, optimizer, params, batch, head, weights, t.max_grad_norm, d)
+
+    if t.cuda_graphs and d.device.type == "cuda" and d.world == 1:
+        make_capturable(optimizer)
+        step_fn = GraphedStep(step_fn)
+    if d.rank == 0:
+        log(f"train: {'CUDA graphs, one per batch shape' if isinstance(step_fn, GraphedStep) else 'eager steps'}"
+            f" on {d.world} x {d.device.type}")
     bar = progress.bar(total=total, initial=step, desc="train", unit="step", disable=d.rank != 0)
     tokens_seen, t0 = torch.zeros((), dtype=torch.int64, device=d.device), time.monotonic()
     while step < total:
         epoch, in_epoch = divmod(step, per_epoch)
         batch_ids = batch_indices(len(reader), t.seed, epoch, in_epoch, d.world, d.rank, t.batch_size)
         batch = collate(reader, batch_ids, t.max_length, d.device, 128 if d.device.type == "cuda" else 1)
-        with autocast:
-            grad_norm, stats = train_step(ddp, optimizer, params, batch, head, weights, t.max_grad_norm, d)
+        grad_norm, stats = step_fn(batch)
         scheduler.step()
         step += 1
         tokens_seen += batch["valid"].sum()
@@ -103,7 +114,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
             stats = d.sum(stats).cpu()
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
         if d.rank == 0 and logged:
-            row = {"step": step, "epoch": epoch, "lr": scheduler.get_last_lr()[0], "grad_norm": float(grad_norm),
+            row = {"step": step, "epoch": epoch, "lr": float(scheduler.get_last_lr()[0]), "grad_norm": float(grad_norm),
                    "loss": float((weights.cpu() * stats[0]).sum() / stats[2][0].clamp_min(1)),
                    "loss_per_position": (stats[0] / stats[2].clamp_min(1)).tolist(),
                    "acc_per_position": (stats[1] / stats[2].clamp_min(1)).tolist(),

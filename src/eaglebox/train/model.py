@@ -312,8 +312,8 @@ class DraftHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_correct):
         x_all, w, grads = ctx.saved_tensors
-        lengths = torch.tensor(ctx.lengths, device=w.device)
-        scale = grad_loss.to(w.dtype).repeat_interleave(lengths, output_size=sum(ctx.lengths))[None, :, None]
+        g_loss = grad_loss.to(w.dtype)  # step i's rows scaled by its loss weight; no host copy (graph-safe)
+        scale = torch.cat([g_loss[i : i + 1].expand(n) for i, n in enumerate(ctx.lengths)])[None, :, None]
         g = grads.flatten(0, 1)
         grad_x = (grads @ w).mul_(scale).to(ctx.x_dtype)
         grad_w = g.T @ (x_all * scale).flatten(0, 1)  # scale the smaller operand, not the [V, H] result
