@@ -93,9 +93,8 @@ def eaglebox_step(spec, embed, d2t, t2d, head, ttt: int, graphs: bool, lr_lambda
     import torch
 
     from eaglebox.train.dist import Dist
-    from eaglebox.train.graphs import GraphedStep, make_capturable
     from eaglebox.train.model import Eagle3Draft
-    from eaglebox.train.step import make_optimizer, train_step
+    from eaglebox.train.step import make_optimizer, make_step
 
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -110,16 +109,7 @@ def eaglebox_step(spec, embed, d2t, t2d, head, ttt: int, graphs: bool, lr_lambda
     opt = make_optimizer(params, lr=1e-4, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_lambda or (lambda s: 1.0))
     weights = torch.tensor([0.8**i for i in range(ttt)], device=dev)
-    d = Dist()
-
-    def step(batch):
-        with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False):
-            out = train_step(model, opt, params, batch, head, weights, 0.5, d)
-        return out
-
-    if graphs:
-        make_capturable(opt)
-        step = GraphedStep(step)
+    step = make_step(model, opt, params, head, weights, 0.5, Dist(), bf16=True, graphs=graphs)
 
     def step_and_schedule(batch):
         out = step(batch)

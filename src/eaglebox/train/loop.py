@@ -22,9 +22,8 @@ from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.train import checkpoint
 from eaglebox.train.data import batch_indices, collate, steps_per_epoch
 from eaglebox.train.dist import Dist
-from eaglebox.train.graphs import GraphedStep, make_capturable
 from eaglebox.train.model import Eagle3Draft
-from eaglebox.train.step import make_optimizer, train_step
+from eaglebox.train.step import make_optimizer, make_step
 from eaglebox.train.target import draft_spec, load_embed_and_head
 from eaglebox.train.vocab import build_vocab, token_counts
 
@@ -86,19 +85,11 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         out.mkdir(parents=True, exist_ok=True)
         _truncate_metrics(metrics_path, step)
     weights = torch.tensor([t.loss_decay**i for i in range(t.ttt_length)], device=d.device)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) \
-        if (d.device.type == "cuda" and t.dtype == "bfloat16") else torch.autocast("cpu", enabled=False)
-
-    def step_fn(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        with autocast:
-            return train_step(ddp, optimizer, params, batch, head, weights, t.max_grad_norm, d)
-
-    if t.cuda_graphs and d.device.type == "cuda" and d.world == 1:
-        make_capturable(optimizer)
-        step_fn = GraphedStep(step_fn)
+    graphs = t.cuda_graphs and d.device.type == "cuda" and d.world == 1
+    step_fn = make_step(ddp, optimizer, params, head, weights, t.max_grad_norm, d,
+                        bf16=d.device.type == "cuda" and t.dtype == "bfloat16", graphs=graphs)
     if d.rank == 0:
-        log(f"train: {'CUDA graphs, one per batch shape' if isinstance(step_fn, GraphedStep) else 'eager steps'}"
-            f" on {d.world} x {d.device.type}")
+        log(f"train: {'CUDA graphs, one per batch shape' if graphs else 'eager steps'} on {d.world} x {d.device.type}")
     bar = progress.bar(total=total, initial=step, desc="train", unit="step", disable=d.rank != 0)
     tokens_seen, t0 = torch.zeros((), dtype=torch.int64, device=d.device), time.monotonic()
     while step < total:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from eaglebox.train.dist import Dist
+from eaglebox.train.graphs import GraphedStep, make_capturable
 
 
 def make_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -27,3 +28,21 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, params:
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
     optimizer.step()
     return grad_norm, torch.stack([losses.detach(), correct.float(), counts.float()])
+
+
+def make_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, params: list[torch.nn.Parameter],
+              head: torch.Tensor, weights: torch.Tensor, max_grad_norm: float, d: Dist, *, bf16: bool, graphs: bool):
+    """The loop's step, batch -> (grad norm, stats): :func:`train_step` under bf16 autocast (CUDA)
+    when ``bf16``, replayed through CUDA graphs when ``graphs`` (one CUDA process; call after a
+    checkpoint is loaded, since the optimizer is made capturable here)."""
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False) if bf16 \
+        else torch.autocast(d.device.type, enabled=False)
+
+    def step(batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        with autocast:
+            return train_step(model, optimizer, params, batch, head, weights, max_grad_norm, d)
+
+    if not graphs:
+        return step
+    make_capturable(optimizer)
+    return GraphedStep(step)
