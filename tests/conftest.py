@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import socket
 from pathlib import Path
 
@@ -19,9 +20,18 @@ TINY_CONFIG = ROOT / "configs" / "tiny-cpu.yaml"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port for a server that binds it seconds later. Not one from bind(0): the kernel hands
+    out the same ephemeral ports to later bind(0) calls and outgoing connections, and once one was
+    taken before SGLang's HTTP server bound it (EADDRINUSE, a CI run lost five tests). Below 22000
+    also stays clear of the range SGLang 0.5.23 picks its internal ports from (22000-29999)."""
+    for port in random.sample(range(10000, 22000), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 10000-21999")
 
 
 @pytest.fixture(scope="session")
