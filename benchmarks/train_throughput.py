@@ -2,14 +2,15 @@
 
 Draft shaped like Llama-3.1-8B's EAGLE-3 head (hidden 4096, 32 heads, 8 KV heads, intermediate 14336,
 vocab 128256, draft vocab 32000), sequence 2048, TTT 7, synthetic features (bf16). Each trainer runs
-in its own process (fresh CUDA context, clean peak-memory counter), alternating, and the script
-prints tokens/s, peak GiB and the ratios measured in this one run. eaglebox runs the training
+in its own process (fresh CUDA context, clean peak-memory counter), alternating over rounds, and
+the script prints per trainer the median over rounds of tokens/s, the largest peak GiB, and the ratios
+measured in this one run, per round and of the medians. eaglebox runs the training
 loop's step: compiled blocks, flex attention, fused loss, replayed as a CUDA graph (``--eager``
 adds the same step without graphs). First, in its own process, it checks that path: losses and
 gradients against the eager dense reference (fp32, a small draft, padded batch), and graph
 replays against eager steps over two batch shapes.
 
-    python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 6] [--rounds 2]
+    python benchmarks/train_throughput.py [--seq 2048] [--ttt 7] [--steps 10] [--rounds 3]
         [--backends flex_attention,sdpa] [--profile] [--eager]
 """
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -48,22 +50,26 @@ def synthetic(seq: int, device):
 
 
 def timed(step, steps: int, warmup: int = 2) -> dict:
-    """Seconds per step after ``warmup`` steps, and peak memory over all of them: a CUDA graph
-    allocates only while it is captured (in warm-up), so peaks counted after warm-up would miss it.
-    ``peak_gib`` is allocated memory, ``reserved_gib`` what the caching allocator holds."""
+    """Median seconds per step over ``steps`` steps timed one by one after ``warmup``, and peak
+    memory over all of them: a CUDA graph allocates only while it is captured (in warm-up), so
+    peaks counted after warm-up would miss it. ``step_s`` keeps every step's time, so a recompile
+    or a slow step shows instead of moving the mean. ``peak_gib`` is allocated memory,
+    ``reserved_gib`` what the caching allocator holds."""
     import torch
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
+    times = []
     for _ in range(steps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
         step()
-    torch.cuda.synchronize()
-    dt = (time.perf_counter() - t0) / steps
-    return {"s_per_step": dt, "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return {"s_per_step": statistics.median(times), "step_s": [round(t, 4) for t in times],
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
             "reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
 
@@ -213,7 +219,8 @@ def check_fused() -> dict:
         out.append((losses, correct,
                     {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
     (l0, c0, g0), (l1, c1, g1) = out
-    return {"check": "fused CUDA path vs eager dense reference (fp32)",
+    return {"check": "fused CUDA path vs eager dense reference (fp32)", "gpu": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
             "loss_max_rel_diff": float(((l0 - l1).abs() / l0.abs()).max()), "correct_equal": bool((c0 == c1).all()),
             "grad_max_rel_diff": max(float((g0[n] - g1[n]).abs().max() / g0[n].abs().max()) for n in g0)}
 
@@ -265,8 +272,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--ttt", type=int, default=7)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--backends", default="flex_attention,sdpa", help="SpecForge attention backends to run")
     p.add_argument("--profile", action="store_true", help="also report eaglebox's GPU time by kernel family")
     p.add_argument("--eager", action="store_true", help="also run eaglebox's step without CUDA graphs")
@@ -290,22 +297,32 @@ def main() -> None:
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         results.append(json.loads(line[-1][7:]) if line else {"trainer": kind, "error": out.stderr[-600:]})
         print(json.dumps(results[-1]), flush=True)
-    best = {}
-    for r in results[1:]:
-        if "error" not in r and (r["trainer"] not in best or r["tokens_per_s"] > best[r["trainer"]]["tokens_per_s"]):
-            best[r["trainer"]] = r
-    print(f"\nseq {a.seq}, TTT {a.ttt}, draft {SHAPE}")
-    print(f"{'trainer':28s} {'tokens/s':>10s} {'s/step':>8s} {'peak GiB':>9s} {'reserved GiB':>13s}")
-    for r in best.values():
-        print(f"{r['trainer']:28s} {r['tokens_per_s']:10.0f} {r['s_per_step']:8.3f} {r['peak_gib']:9.1f} "
-              f"{r['reserved_gib']:13.1f}")
-    ours = best.get("eaglebox")
-    for name, r in best.items():
-        if ours and name != "eaglebox":
-            print(f"eaglebox / {name}: {ours['tokens_per_s'] / r['tokens_per_s']:.2f}x tokens/s, "
-                  f"{ours['peak_gib'] / r['peak_gib']:.2f}x peak memory, "
-                  f"{ours['reserved_gib'] / r['reserved_gib']:.2f}x reserved")
+    summarize(results[1:], a)
 
+
+def summarize(results: list[dict], a) -> None:
+    """Per trainer: the median over rounds of each process's median step, and the spread across
+    rounds. Ratios: of those medians, and per round (each round runs the trainers back to back,
+    so a round's ratio is measured under the same GPU conditions)."""
+    runs: dict[str, list[dict]] = {}
+    for r in results:
+        if "error" not in r:
+            runs.setdefault(r["trainer"], []).append(r)
+    med = {name: statistics.median(r["s_per_step"] for r in rs) for name, rs in runs.items()}
+    print(f"\nseq {a.seq}, TTT {a.ttt}, draft {SHAPE}, {a.steps} timed steps per process")
+    print(f"{'trainer':28s} {'rounds':>6s} {'tokens/s':>9s} {'s/step':>7s} {'min-max s/step':>15s} "
+          f"{'peak GiB':>9s} {'reserved':>9s}")
+    for name, rs in runs.items():
+        s = [r["s_per_step"] for r in rs]
+        print(f"{name:28s} {len(rs):6d} {a.seq / med[name]:9.0f} {med[name]:7.4f} {min(s):7.4f}-{max(s):.4f} "
+              f"{max(r['peak_gib'] for r in rs):9.2f} {max(r['reserved_gib'] for r in rs):9.2f}")
+    ours = runs.get("eaglebox")
+    for name, rs in runs.items():
+        if ours and name != "eaglebox":
+            rounds = [o["tokens_per_s"] / r["tokens_per_s"] for o, r in zip(ours, rs)]
+            peak = max(o["peak_gib"] for o in ours) / max(r["peak_gib"] for r in rs)
+            print(f"eaglebox / {name}: {med[name] / med['eaglebox']:.2f}x tokens/s (median of rounds; per round "
+                  f"{', '.join(f'{x:.2f}' for x in rounds)}), {peak:.2f}x peak memory")
 
 if __name__ == "__main__":
     main()
