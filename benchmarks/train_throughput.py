@@ -84,16 +84,20 @@ def gpu_time_by_kernel(step, steps: int = 2) -> dict:
             step()
         torch.cuda.synchronize()
     families: dict[str, float] = {}
-    for e in prof.key_averages():
+    kernels = [e for e in prof.key_averages() if e.device_time_total > 0 and not e.key.startswith("cuda")]
+    for e in kernels:
         n = e.key.lower()
         fam = ("gemm" if any(x in n for x in ("gemm", "cutlass", "nvjet", "cublas", "xmma")) else
                "flex attention" if "flex" in n else "adam" if "adam" in n else
                "fused (triton)" if n.startswith("triton") else "other")
         families[fam] = families.get(fam, 0.0) + e.device_time_total / steps / 1000
-    return {k: round(v, 2) for k, v in sorted(families.items(), key=lambda kv: -kv[1])}
+    out = {k: round(v, 2) for k, v in sorted(families.items(), key=lambda kv: -kv[1])}
+    top = sorted(kernels, key=lambda e: -e.device_time_total)[:20]
+    out["top"] = [(e.key[:90], round(e.device_time_total / steps / 1000, 2), e.count // steps) for e in top]
+    return out
 
 
-def eaglebox_step(spec, embed, d2t, t2d, head, ttt: int, graphs: bool, lr_lambda=None):
+def eaglebox_step(spec, embed, d2t, t2d, head, ttt: int, max_length: int, graphs: bool, lr_lambda=None):
     """The training loop's own step on a fresh draft: compiled blocks, fused AdamW, and (``graphs``)
     CUDA graphs. Returns the step function (batch -> grad norm, stats) and the model."""
     import torch
@@ -106,7 +110,7 @@ def eaglebox_step(spec, embed, d2t, t2d, head, ttt: int, graphs: bool, lr_lambda
     torch.manual_seed(0)
     model = Eagle3Draft(spec)
     model.embed_tokens.to(embed.dtype)  # as run_train does
-    model.to(dev).compile_steps()
+    model.to(dev).compile_steps(max_length)
     with torch.no_grad():
         model.embed_tokens.weight.copy_(embed)
         model.d2t.copy_(d2t)
@@ -129,7 +133,7 @@ def run_eaglebox(seq: int, ttt: int, steps: int, profile: bool = False, graphs: 
     import torch
 
     batch, head, embed, d2t, t2d = synthetic(seq, torch.device("cuda"))
-    step, _ = eaglebox_step(big_spec(), embed, d2t, t2d, head, ttt, graphs)
+    step, _ = eaglebox_step(big_spec(), embed, d2t, t2d, head, ttt, seq, graphs)
     out = {"trainer": "eaglebox" + ("" if graphs else " (eager)"), **timed(lambda: step(batch), steps)}
     out["tokens_per_s"] = seq / out["s_per_step"]
     if profile:
@@ -180,7 +184,7 @@ def check_graphs() -> dict:
     batches = [batch(T) for T in (256, 384, 256, 384, 256)]
     runs = []
     for graphs in (False, True):
-        step, model = eaglebox_step(spec, embed, d2t.to(dev), t2d.to(dev), head, 5, graphs, lambda s: (s + 1) / 5)
+        step, model = eaglebox_step(spec, embed, d2t.to(dev), t2d.to(dev), head, 5, 384, graphs, lambda s: (s + 1) / 5)
         stats = torch.stack([step(b)[1] for b in batches])
         runs.append((stats, {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}))
     (s0, w0), (s1, w1) = runs
@@ -205,8 +209,8 @@ def check_fused() -> dict:
         ref.t2d.copy_(t2d)
     fast = Eagle3Draft(spec).to(dev)
     fast.load_state_dict(ref.state_dict())
-    fast.compile_steps()
     T = 300
+    fast.compile_steps(T)
     batch = {"input_ids": torch.randint(0, 1000, (2, T), device=dev), "loss_mask": torch.rand(2, T, device=dev) > 0.2,
              "valid": torch.ones(2, T, dtype=torch.bool, device=dev), "aux": torch.randn(2, T, 768, device=dev),
              "last": torch.randn(2, T, 256, device=dev)}

@@ -3,7 +3,17 @@
 import torch
 
 from eaglebox.train.data import batch_indices
-from eaglebox.train.model import DraftHeadLoss, flex_ttt_attention, head_chunk, shift_left, ttt_attention
+from eaglebox.train.model import (
+    PAD_MULTIPLE,
+    DraftHeadLoss,
+    DraftSpec,
+    Eagle3Draft,
+    flex_ttt_attention,
+    head_chunk,
+    shift_left,
+    ttt_attention,
+    ttt_forward,
+)
 from eaglebox.train.vocab import build_vocab
 
 
@@ -80,3 +90,33 @@ def test_fused_head_loss_equals_autograd_of_the_plain_loss():
     assert torch.allclose(loss, torch.stack(want_loss), atol=1e-5)
     assert correct.tolist() == torch.stack(want_correct).tolist()
     assert all(torch.allclose(g, r, atol=1e-5) for g, r in zip(got, want))
+
+
+def test_compiled_steps_keep_one_static_entry_per_padded_length_past_torchs_limit(monkeypatch):
+    """Nine lengths, one more than torch's default recompile limit: every length is compiled static
+    (none turned dynamic, none left to run eagerly) and computes what the eager draft does."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    spec = DraftSpec(hidden_size=32, target_hidden_size=32, num_aux=3, num_attention_heads=2, num_key_value_heads=1,
+                     head_dim=16, intermediate_size=64, vocab_size=100, draft_vocab_size=40, rms_norm_eps=1e-5,
+                     rope_theta=10000.0, rope_scaling=None, max_position_embeddings=2048)
+    eager = Eagle3Draft(spec)
+    with torch.no_grad():
+        eager.d2t.copy_(build_vocab(torch.arange(100), 40)[0])
+    compiled = Eagle3Draft(spec)
+    compiled.load_state_dict(eager.state_dict())
+    lengths = [k * PAD_MULTIPLE for k in range(1, 10)]
+    compiled.compile_steps(max(lengths))
+    head = torch.randn(100, 32)
+    for T in lengths:
+        batch = {"input_ids": torch.randint(0, 100, (1, T)), "loss_mask": torch.ones(1, T, dtype=torch.bool),
+                 "valid": torch.ones(1, T, dtype=torch.bool), "aux": torch.randn(1, T, 96), "last": torch.randn(1, T, 32)}
+        with torch.no_grad():
+            want, got = ttt_forward(eager, batch, head, 2), ttt_forward(compiled, batch, head, 2)
+        assert torch.allclose(want[0], got[0], rtol=1e-4) and torch.equal(want[1], got[1])
+    for fn in (Eagle3Draft.qkv, Eagle3Draft.finish):
+        entries = _debug_get_cache_entry_list(fn.__code__)
+        assert len(entries) == len(lengths), fn.__name__

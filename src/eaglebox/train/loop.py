@@ -22,7 +22,7 @@ from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.train import checkpoint
 from eaglebox.train.data import batch_indices, collate, steps_per_epoch
 from eaglebox.train.dist import Dist
-from eaglebox.train.model import Eagle3Draft
+from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
 from eaglebox.train.step import make_optimizer, make_step
 from eaglebox.train.target import draft_spec, load_embed_and_head
 from eaglebox.train.vocab import build_vocab, token_counts
@@ -63,7 +63,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         model.t2d.copy_(t2d)
     model.to(d.device)
     if d.device.type == "cuda":
-        model.compile_steps()
+        model.compile_steps(t.max_length)
     head = head.to(d.device)
     ddp = parallelize(model, t.parallel, d.world)
     params = [p for p in model.parameters() if p.requires_grad]
@@ -95,7 +95,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     while step < total:
         epoch, in_epoch = divmod(step, per_epoch)
         batch_ids = batch_indices(len(reader), t.seed, epoch, in_epoch, d.world, d.rank, t.batch_size)
-        batch = collate(reader, batch_ids, t.max_length, d.device, 128 if d.device.type == "cuda" else 1)
+        batch = collate(reader, batch_ids, t.max_length, d.device, PAD_MULTIPLE if d.device.type == "cuda" else 1)
         grad_norm, stats = step_fn(batch)
         scheduler.step()
         step += 1
