@@ -1,8 +1,13 @@
-"""Trainer parts on small tensors: vocabulary maps, data order, TTT attention masks, the fused loss."""
+"""Trainer parts on small tensors: vocabulary maps, data order, TTT attention masks, the fused loss,
+compiled steps, the shard-header check."""
 
+import pytest
 import torch
 
+from eaglebox.capture.spec import NOT_INSTALLED
+from eaglebox.errors import EagleboxError
 from eaglebox.train.data import batch_indices
+from eaglebox.train.loop import check_header
 from eaglebox.train.model import (
     PAD_MULTIPLE,
     DraftHeadLoss,
@@ -120,3 +125,12 @@ def test_compiled_steps_keep_one_static_entry_per_padded_length_past_torchs_limi
     for fn in (Eagle3Draft.qkv, Eagle3Draft.finish):
         entries = _debug_get_cache_entry_list(fn.__code__)
         assert len(entries) == len(lengths), fn.__name__
+
+
+def test_training_where_sglang_is_absent_is_refused_naming_the_captured_version(tmp_path):
+    """Without SGLang installed there is no serving engine to check the shards against."""
+    header = {"engine": "sglang", "engine_version": "0.5.23", "layer_ids": [0, 1, 2], "convention": "output_of_layer",
+              "hidden_size": 128, "dtype": "bfloat16", "target_config_sha256": "ab"}
+    check_header(header, header, tmp_path)
+    with pytest.raises(EagleboxError, match=r"captured with SGLang 0\.5\.23, and SGLang is not installed here"):
+        check_header(header, {**header, "engine_version": NOT_INSTALLED}, tmp_path)

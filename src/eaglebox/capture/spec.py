@@ -11,6 +11,7 @@ from eaglebox.engine.launch import sglang_layer_ids, target_config, text_config
 from eaglebox.layers import SGLANG_CONVENTION, convert_layer_ids
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+NOT_INSTALLED = "not-installed"  # engine_version where SGLang is absent
 
 
 def engine_version() -> str:
@@ -18,7 +19,7 @@ def engine_version() -> str:
     try:
         return importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError:
-        return "not-installed"
+        return NOT_INSTALLED
 
 
 def target_dtype(cfg: Config) -> str:

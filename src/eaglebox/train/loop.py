@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from eaglebox import progress
+from eaglebox.capture.spec import NOT_INSTALLED
 from eaglebox.errors import EagleboxError
 from eaglebox.layers import SGLANG_CONVENTION
 from eaglebox.shards.format import ShardReader, manifest_digest
@@ -30,6 +31,10 @@ from eaglebox.train.vocab import build_vocab, token_counts
 
 def check_header(header: dict, expected: dict, where: Path) -> None:
     """Refuse shards captured otherwise than this config says, naming both values."""
+    if expected.get("engine_version") == NOT_INSTALLED:
+        raise EagleboxError(f"{where}: shards were captured with SGLang {header.get('engine_version')}, and SGLang is "
+                            "not installed here, so they cannot be checked against the engine that will serve the "
+                            "draft; train where that SGLang is installed (the eaglebox image)")
     for key in ("engine", "engine_version", "layer_ids", "convention", "hidden_size", "dtype", "target_config_sha256"):
         if header.get(key) != expected.get(key):
             raise EagleboxError(f"{where}: shards have {key}={header.get(key)!r}, the config implies "
