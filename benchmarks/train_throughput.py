@@ -49,10 +49,10 @@ def synthetic(seq: int, device):
     return {k: v.to(device) for k, v in batch.items()}, head.to(device), embed.to(device), d2t.to(device), t2d.to(device)
 
 
-def timed(step, steps: int, warmup: int = 2) -> dict:
-    """Median seconds per step over ``steps`` steps timed one by one after ``warmup``, and peak
-    memory over all of them: a CUDA graph allocates only while it is captured (in warm-up), so
-    peaks counted after warm-up would miss it. ``step_s`` keeps every step's time, so a recompile
+def timed(step, steps: int, tokens: int, warmup: int = 2) -> dict:
+    """Median seconds per step over ``steps`` steps timed one by one after ``warmup`` (and the
+    ``tokens`` a step trains on per second of it), and peak memory over all of them: a CUDA graph
+    allocates only while it is captured (in warm-up), so peaks counted after warm-up would miss it. ``step_s`` keeps every step's time, so a recompile
     or a slow step shows instead of moving the mean. ``peak_gib`` is allocated memory,
     ``reserved_gib`` what the caching allocator holds."""
     import torch
@@ -68,7 +68,8 @@ def timed(step, steps: int, warmup: int = 2) -> dict:
         step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
-    return {"s_per_step": statistics.median(times), "step_s": [round(t, 4) for t in times],
+    s_per_step = statistics.median(times)
+    return {"s_per_step": s_per_step, "tokens_per_s": tokens / s_per_step, "step_s": [round(t, 4) for t in times],
             "peak_gib": torch.cuda.max_memory_allocated() / 2**30,
             "reserved_gib": torch.cuda.max_memory_reserved() / 2**30}
 
@@ -134,8 +135,7 @@ def run_eaglebox(seq: int, ttt: int, steps: int, profile: bool = False, graphs: 
 
     batch, head, embed, d2t, t2d = synthetic(seq, torch.device("cuda"))
     step, _ = eaglebox_step(big_spec(), embed, d2t, t2d, head, ttt, seq, graphs)
-    out = {"trainer": "eaglebox" + ("" if graphs else " (eager)"), **timed(lambda: step(batch), steps)}
-    out["tokens_per_s"] = seq / out["s_per_step"]
+    out = {"trainer": "eaglebox" + ("" if graphs else " (eager)"), **timed(lambda: step(batch), steps, seq)}
     if profile:
         out["gpu_ms_per_step"] = gpu_time_by_kernel(lambda: step(batch))
     return out
@@ -267,9 +267,7 @@ def run_specforge(seq: int, ttt: int, steps: int, backend: str) -> dict:
         torch.nn.utils.clip_grad_norm_(params, 0.5)
         opt.step()
 
-    out = {"trainer": f"specforge ({backend})", **timed(step, steps)}
-    out["tokens_per_s"] = seq / out["s_per_step"]
-    return out
+    return {"trainer": f"specforge ({backend})", **timed(step, steps, seq)}
 
 
 def main() -> None:
@@ -327,6 +325,7 @@ def summarize(results: list[dict], a) -> None:
             peak = max(o["peak_gib"] for o in ours) / max(r["peak_gib"] for r in rs)
             print(f"eaglebox / {name}: {med[name] / med['eaglebox']:.2f}x tokens/s (median of rounds; per round "
                   f"{', '.join(f'{x:.2f}' for x in rounds)}), {peak:.2f}x peak memory")
+
 
 if __name__ == "__main__":
     main()
