@@ -30,7 +30,7 @@ from pathlib import Path
 
 import requests
 
-from eaglebox.capture.sink import RID_PREFIX
+from eaglebox.shards.requests import capture_rid
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
 from eaglebox.extract.client import wait_for_files
@@ -76,7 +76,7 @@ def measure(url: str, warmup: list[int], batch: list[list[int]], mode: str, conc
         if mode == "capture":
             sid = uuid.uuid4().hex
             sids.append(sid)
-            body.update(rid=f"{RID_PREFIX}{sid}-0", return_hidden_states=True)
+            body.update(rid=capture_rid(sid, "0"), return_hidden_states=True)
         elif mode == "json":
             body.update(return_hidden_states=True)
         r = requests.post(url + "/generate", json=body, timeout=900)

@@ -2,7 +2,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from eaglebox.capture.sink import CaptureSink, sample_id_from_rid
+from eaglebox.capture.sink import CaptureSink
+from eaglebox.shards.requests import sample_id_from_rid
 from eaglebox.shards.format import tensor_sha256
 
 

@@ -75,8 +75,9 @@ class ExtractConfig(Section):
     regenerate_max_new_tokens: int = Field(512, ge=1)
     max_retries: int = Field(5, ge=0)
     retry_backoff_s: float = Field(1.0, ge=0)
-    writer_queue: int = Field(8, ge=1)
-    """Batches the server-side writer may hold before the scheduler waits (bounds memory)."""
+    writer_buffer_mb: int = Field(4096, ge=1)
+    """Feature bytes (MiB) the server may hold for samples waiting for the disk before its scheduler
+    waits for the writer: bounds host memory in bytes, whatever the sample lengths."""
 
 
 class DraftConfig(Section):

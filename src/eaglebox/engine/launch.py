@@ -100,7 +100,7 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict
         if capture_dir is None:
             raise ValueError("capture mode needs a capture directory")
         env["EAGLEBOX_CAPTURE_DIR"] = str(capture_dir)
-        env["EAGLEBOX_CAPTURE_QUEUE"] = str(cfg.extract.writer_queue)
+        env["EAGLEBOX_CAPTURE_BUFFER_BYTES"] = str(cfg.extract.writer_buffer_mb << 20)
     return env
 
 

@@ -19,7 +19,6 @@ import json
 import shutil
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +28,6 @@ import torch
 from safetensors import safe_open
 
 from eaglebox import progress
-from eaglebox.capture.sink import RID_PREFIX
 from eaglebox.errors import EagleboxError
 from eaglebox.extract.dataset import BadRow, Row, read_rows, tokenize
 from eaglebox.shards.format import (
@@ -42,6 +40,7 @@ from eaglebox.shards.format import (
     tensor_sha256,
     write_shard,
 )
+from eaglebox.shards.requests import capture_rid
 
 STAGING = ".staging"
 
@@ -277,7 +276,7 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
 def capture_one(client: Client, p: Planned) -> Planned:
     """Send one sample and check the server's answer; its file is written by the server's writer
     thread and appears (atomically) a little later."""
-    rid = f"{RID_PREFIX}{p.id}-{uuid.uuid4().hex[:8]}"
+    rid = capture_rid(p.id)
     body = {"input_ids": p.input_ids, "rid": rid, "return_hidden_states": True,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
     out = client.post("/generate", body)
