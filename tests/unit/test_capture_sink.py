@@ -1,3 +1,5 @@
+import threading
+
 import pytest
 import torch
 from safetensors import safe_open
@@ -15,42 +17,94 @@ def test_rid_parsing():
 
 
 def test_interleaved_chunks_of_two_requests_are_assembled_in_order(tmp_path):
-    sink = CaptureSink(tmp_path, queue_size=1, header={"engine": "sglang"})
+    sink = CaptureSink(tmp_path, header={"engine": "sglang"})
     a_aux, a_last = torch.randn(5, 6).bfloat16(), torch.randn(5, 2).bfloat16()
     b_aux, b_last = torch.randn(3, 6).bfloat16(), torch.randn(3, 2).bfloat16()
-    assert sink.add_chunk("a", [1, 2, 3, 4, 5], a_aux[:2], a_last[:2]) is None
-    assert sink.add_chunk("b", [7, 8, 9], b_aux[:1], b_last[:1]) is None
-    assert sink.add_chunk("a", [1, 2, 3, 4, 5], a_aux[2:4], a_last[2:4]) is None
-    meta_b = sink.add_chunk("b", [7, 8, 9], b_aux[1:], b_last[1:])
-    meta_a = sink.add_chunk("a", [1, 2, 3, 4, 5], a_aux[4:], a_last[4:])
+    assert sink.add_chunk("ra", "a", [1, 2, 3, 4, 5], a_aux[:2], a_last[:2]) is None
+    assert sink.add_chunk("rb", "b", [7, 8, 9], b_aux[:1], b_last[:1]) is None
+    assert sink.add_chunk("ra", "a", [1, 2, 3, 4, 5], a_aux[2:4], a_last[2:4]) is None
+    meta_b = sink.add_chunk("rb", "b", [7, 8, 9], b_aux[1:], b_last[1:])
+    meta_a = sink.add_chunk("ra", "a", [1, 2, 3, 4, 5], a_aux[4:], a_last[4:])
     sink.flush()
     assert meta_a == {"file": str(tmp_path / "a.safetensors"), "rows": 5, "dtype": "bfloat16",
                       "aux_shape": [5, 6], "last_shape": [5, 2], "engine": "sglang"}
     assert meta_b["rows"] == 3
     for sid, ids, aux, last in (("a", [1, 2, 3, 4, 5], a_aux, a_last), ("b", [7, 8, 9], b_aux, b_last)):
-        with safe_open(str(tmp_path / f"{sid}.safetensors"), "pt") as f:
-            got = {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}
-            assert f.metadata()["sha256"] == tensor_sha256(got)
-        assert got["input_ids"].tolist() == ids
-        assert torch.equal(got["aux"], aux) and torch.equal(got["last"], last)
+        assert_sample(tmp_path / f"{sid}.safetensors", ids, aux, last)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.safetensors", "b.safetensors"]
+    assert sink.held_bytes == 0
+
+
+def assert_sample(path, ids, aux, last):
+    with safe_open(str(path), "pt") as f:
+        got = {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}
+        assert f.metadata()["sha256"] == tensor_sha256(got)
+    assert got["input_ids"].tolist() == ids
+    assert torch.equal(got["aux"], aux) and torch.equal(got["last"], last)
+
+
+def test_two_requests_for_one_sample_never_merge(tmp_path):
+    """A retry or duplicate (same sample, another nonce) in the middle of a chunked prefill is a request
+    of its own: keyed by sample id, the second request's chunks would be appended to the first's."""
+    sink = CaptureSink(tmp_path)
+    aux, last = torch.randn(4, 6), torch.randn(4, 2)
+    for lo, hi in ((0, 2), (2, 4)):
+        for rid in ("eaglebox-s-1", "eaglebox-s-2"):
+            meta = sink.add_chunk(rid, "s", [5, 6, 7, 8], aux[lo:hi], last[lo:hi])
+    assert meta["rows"] == 4
+    sink.flush()
+    assert_sample(tmp_path / "s.safetensors", [5, 6, 7, 8], aux, last)
+    assert [p.name for p in tmp_path.iterdir()] == ["s.safetensors"]
 
 
 def test_rows_beyond_the_prompt_are_an_error_and_drop_forgets(tmp_path):
     sink = CaptureSink(tmp_path)
     with pytest.raises(RuntimeError, match="4 rows for a 3-token prompt"):
-        sink.add_chunk("x", [1, 2, 3], torch.zeros(4, 2), torch.zeros(4, 1))
-    sink.add_chunk("y", [1, 2, 3], torch.zeros(2, 2), torch.zeros(2, 1))
-    sink.drop("y")  # retracted: its rows will be recomputed from the start
-    assert sink.add_chunk("y", [1, 2, 3], torch.zeros(3, 2), torch.zeros(3, 1))["rows"] == 3
+        sink.add_chunk("rx", "x", [1, 2, 3], torch.zeros(4, 2), torch.zeros(4, 1))
+    sink.add_chunk("ry", "y", [1, 2, 3], torch.zeros(2, 2), torch.zeros(2, 1))
+    sink.drop("ry")  # retracted: its rows will be recomputed from the start
+    assert sink.held_bytes == 0
+    assert sink.add_chunk("ry", "y", [1, 2, 3], torch.zeros(3, 2), torch.zeros(3, 1))["rows"] == 3
     sink.flush()
+
+
+def test_rows_of_a_request_that_goes_away_are_freed(tmp_path):
+    """An aborted request never reaches the hook again; its rows go when SGLang drops its Req."""
+    class Req:  # what the hook passes as owner: any object SGLang lets go of
+        pass
+
+    sink = CaptureSink(tmp_path)
+    req = Req()
+    sink.add_chunk("r1", "a", [1, 2, 3, 4], torch.zeros(2, 2), torch.zeros(2, 1), owner=req)
+    assert sink.held_bytes == 2 * 2 * 4 + 2 * 1 * 4
+    del req
+    sink.add_chunk("r2", "b", [1, 2], torch.zeros(1, 2), torch.zeros(1, 1))
+    assert sink.held_bytes == 2 * 4 + 4  # r1 forgotten, r2's first chunk held
+    sink.flush()
+
+
+def test_the_scheduler_waits_while_held_bytes_exceed_the_budget(tmp_path):
+    """With no writer running, a completed sample over the budget blocks add_chunk until a writer
+    frees it; under the budget, add_chunk returns at once."""
+    sink = CaptureSink(tmp_path, buffer_bytes=100, writers=0)
+    assert sink.add_chunk("r1", "small", [1], torch.zeros(1, 4), torch.zeros(1, 1))["rows"] == 1  # 20 bytes
+    returned = threading.Event()
+    t = threading.Thread(target=lambda: (sink.add_chunk("r2", "big", [1, 2, 3], torch.zeros(3, 8), torch.zeros(3, 2)),
+                                         returned.set()))
+    t.start()
+    assert not returned.wait(0.5)  # 20 + 120 bytes held > 100, two samples queued, no writer
+    threading.Thread(target=sink._write_loop, daemon=True).start()
+    assert returned.wait(10)
+    sink.flush()
+    assert sink.held_bytes == 0 and sorted(p.name for p in tmp_path.iterdir()) == ["big.safetensors",
+                                                                                  "small.safetensors"]
 
 
 def test_writer_failure_surfaces_on_the_next_call(tmp_path):
     sink = CaptureSink(tmp_path / "d")
     (tmp_path / "d").rmdir()
     (tmp_path / "d").write_text("not a directory")
-    sink.add_chunk("z", [1], torch.zeros(1, 2), torch.zeros(1, 1))
+    sink.add_chunk("rz", "z", [1], torch.zeros(1, 2), torch.zeros(1, 1))
     with pytest.raises(RuntimeError, match="capture writer failed"):
         sink.flush()
 

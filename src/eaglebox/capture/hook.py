@@ -1,11 +1,31 @@
-"""The SGLang patch: one wrapped method, pinned to SGLang 0.5.23.
+"""The SGLang patch: two wrapped methods, pinned to SGLang 0.5.23.
 
-``SchedulerBatchResultProcessor._append_prefill_hidden_states`` is where stock SGLang turns a
-request's prefill rows into JSON floats (``.cpu().tolist()``), and where it drops the middle chunks
-of a chunked prefill. For capture requests (rid ``eaglebox-<sample_id>-<nonce>``) the wrapper hands
-the rows -- the concatenated aux layers in ``logits_output.hidden_states`` and the post-norm last
-hidden state in ``logits_output.last_hidden_states`` -- to :class:`CaptureSink`, for every chunk,
-and puts only a metadata dict into the response. Other requests take the stock path.
+1. ``SchedulerBatchResultProcessor._append_prefill_hidden_states`` is where stock SGLang turns a
+   request's prefill rows into JSON floats (``.cpu().tolist()``), and where it drops the middle
+   chunks of a chunked prefill. For capture requests (rid ``eaglebox-<sample_id>-<nonce>``) the
+   wrapper hands the rows -- the concatenated aux layers in ``logits_output.hidden_states`` and the
+   post-norm last hidden state in ``logits_output.last_hidden_states`` -- to :class:`CaptureSink`,
+   for every chunk, and puts only a metadata dict into the response. Other requests take the stock
+   path.
+2. ``GenerationBatchResult.copy_to_cpu`` also moves ``last_hidden_states`` to the host when it
+   moves ``hidden_states``.
+
+Why the rows are safe to keep (CUDA):
+
+- *Overlap scheduling* (the default) runs batch N+1's forward on its own stream while the scheduler
+  processes batch N, and prefill CUDA graphs return slices of static buffers that the next replay
+  rewrites. SGLang reads ``hidden_states`` for exactly this reason through ``copy_to_cpu``: a copy
+  to fresh pinned memory queued on its copy stream right behind batch N's forward, with
+  ``copy_done`` recorded after it and synchronised before results are processed. Stock SGLang
+  leaves ``last_hidden_states`` on the device there; wrapper 2 queues its copy in the same place,
+  before ``copy_done`` is recorded, so both tensors arrive as fresh host tensors that nothing else
+  writes.
+- *Without overlap*, results are processed on the thread and stream that ran the forward, before
+  the next forward is queued; the rows arrive on the device and the sink copies them on that stream
+  and waits for the copy before returning (:func:`eaglebox.capture.sink._host_rows`).
+- *Chunked prefill* hands each chunk over separately; the sink keys pending rows by request id.
+
+Only the attention-TP rank 0 of each attention group writes (:func:`writes_on_this_rank`).
 
 Installed by a post-import hook (:mod:`eaglebox.engine.post_import`) in every process, because
 SGLang's scheduler is a ``spawn``-ed process.
@@ -18,8 +38,10 @@ import sys
 
 from eaglebox import SGLANG_VERSION
 from eaglebox.engine.post_import import on_import
+from eaglebox.shards.requests import sample_id_from_rid
 
 TARGET_MODULE = "sglang.srt.managers.scheduler_components.batch_result_processor"
+RESULT_MODULE = "sglang.srt.managers.utils"
 
 
 class VersionMismatch(RuntimeError):
@@ -32,6 +54,16 @@ def check_sglang_version(found: str) -> None:
             f"eaglebox's capture hook is written for SGLang {SGLANG_VERSION}, but SGLang {found} is running; "
             f"install sglang=={SGLANG_VERSION} or unset EAGLEBOX_CAPTURE_DIR"
         )
+
+
+def writes_on_this_rank(parallel) -> bool:
+    """Whether this scheduler process writes capture files, from SGLang's ``ParallelContext``.
+
+    Every attention-TP rank sees every request of its attention group with the full rows (the
+    logits processor gathers them), so exactly one rank per group must write: attention-TP rank 0.
+    Without ``--enable-dp-attention`` there is one group and that is TP rank 0; with it, each DP
+    group schedules its own requests, so each group's attention-TP rank 0 writes its own samples."""
+    return parallel.attn_tp_rank == 0
 
 
 def _captured_layer_inputs(processor) -> list[int] | None:
@@ -47,8 +79,9 @@ def _captured_layer_inputs(processor) -> list[int] | None:
 
 def patch(module) -> None:
     import sglang
+    from sglang.srt.runtime_context import get_parallel
 
-    from eaglebox.capture.sink import CaptureSink, sample_id_from_rid
+    from eaglebox.capture.sink import CaptureSink
 
     check_sglang_version(sglang.__version__)
     cls = module.SchedulerBatchResultProcessor
@@ -60,7 +93,7 @@ def patch(module) -> None:
             header = {"engine": "sglang", "engine_version": sglang.__version__,
                       "captured_layer_inputs": _captured_layer_inputs(processor)}
             state["sink"] = CaptureSink(os.environ["EAGLEBOX_CAPTURE_DIR"],
-                                        queue_size=int(os.environ.get("EAGLEBOX_CAPTURE_QUEUE", "8")),
+                                        buffer_bytes=int(os.environ.get("EAGLEBOX_CAPTURE_BUFFER_BYTES", 4 << 30)),
                                         header=header)
         return state["sink"]
 
@@ -71,17 +104,17 @@ def patch(module) -> None:
             return stock(self, req=req, logits_output=logits_output, hidden_state_offset=hidden_state_offset,
                          capture_hidden_mode=capture_hidden_mode, extend_input_len=extend_input_len, store=store)
         start, end = hidden_state_offset, hidden_state_offset + extend_input_len
-        if getattr(self, "tp_rank", 0) != 0:
+        if not writes_on_this_rank(get_parallel()):
             return end
         sink = sink_for(self)
         if req.is_retracted or req.finished():
-            sink.drop(sid)
+            sink.drop(req.rid)
             return end
         if logits_output.last_hidden_states is None:
             raise RuntimeError("eaglebox capture needs --enable-return-aux-hidden-states "
                                "(SGLang keeps last_hidden_states only in aux capture mode)")
-        meta = sink.add_chunk(sid, req.origin_input_ids, logits_output.hidden_states[start:end],
-                              logits_output.last_hidden_states[start:end])
+        meta = sink.add_chunk(req.rid, sid, req.origin_input_ids, logits_output.hidden_states[start:end],
+                              logits_output.last_hidden_states[start:end], owner=req)
         if meta is not None:
             req.hidden_states.append(meta)
         return end
@@ -90,5 +123,22 @@ def patch(module) -> None:
     print(f"[eaglebox] capture hook active in pid {os.getpid()} (SGLang {sglang.__version__})", file=sys.stderr)
 
 
+def patch_copy_to_cpu(module) -> None:
+    """Wrapper 2: ``last_hidden_states`` rides SGLang's own device-to-host copy (see the module doc)."""
+    from sglang.srt.utils.common import async_d2h
+
+    cls = module.GenerationBatchResult
+    stock = cls.copy_to_cpu
+
+    def copy_to_cpu(self, return_logprob: bool, return_hidden_states: bool = True):
+        out = self.logits_output
+        if return_hidden_states and out is not None and out.last_hidden_states is not None:
+            out.last_hidden_states = async_d2h(out.last_hidden_states)  # queued before copy_done
+        return stock(self, return_logprob, return_hidden_states)
+
+    cls.copy_to_cpu = copy_to_cpu
+
+
 def install_import_hook() -> None:
     on_import(TARGET_MODULE, patch)
+    on_import(RESULT_MODULE, patch_copy_to_cpu)

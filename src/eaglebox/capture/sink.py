@@ -1,9 +1,20 @@
 """Server-side sink: assemble each request's prefill rows (all chunks) and write them off the hot path.
 
 Runs inside SGLang's scheduler process but imports nothing from SGLang, so it is unit-tested alone.
-The scheduler thread only keeps references to row slices (on GPU it also starts an asynchronous
-copy to pinned memory); a writer thread does the device-to-host copy, the hashing and the file
-write. A bounded queue makes the scheduler wait rather than grow memory when the disk is slow.
+
+- **Ownership.** ``add_chunk`` returns only once the sink holds rows that nobody else will write:
+  host tensors are kept by reference (SGLang's ``copy_to_cpu`` allocates them fresh for each batch),
+  device tensors are copied to pinned host memory and the copy is waited for before returning. The
+  caller guarantees the rows are complete when it calls (SGLang synchronises ``copy_done`` or runs
+  the forward on the same stream); after ``add_chunk`` returns, the producer may overwrite or free
+  them at once (CUDA-graph static buffers, the overlap scheduler's next forward).
+- **Keys.** Pending rows are keyed by request id, never by sample id: a retried or duplicated request
+  for one sample is its own entry, and the one finishing last renames its file over the other's.
+  A request that disappears without finishing (aborted) is forgotten when SGLang drops its ``Req``.
+- **Memory.** Completed samples wait for the writers in a queue bounded in bytes: ``add_chunk`` waits
+  while the rows the sink holds exceed ``buffer_bytes`` and there is something to wait for.
+- **Writers.** ``writers`` threads (niced) hash and write samples in parallel: sha256 and file
+  writes release the GIL, so two or more keep a disk busy that one thread alternating them would not.
 
 One file per sample, ``<dir>/<sample_id>.safetensors``, appears atomically (temp + rename):
 ``input_ids`` [L] int64 (the ids the server actually ran), ``aux`` [L, k*H] and ``last`` [L, H] in
@@ -17,6 +28,7 @@ import os
 import queue
 import sys
 import threading
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,66 +36,98 @@ import torch
 
 from eaglebox.shards.format import tensor_sha256, write_safetensors
 
-RID_PREFIX = "eaglebox-"
-
-
-def sample_id_from_rid(rid: str) -> str | None:
-    """``eaglebox-<sample_id>-<nonce>`` -> ``<sample_id>``; None for requests that are not captures."""
-    if not isinstance(rid, str) or not rid.startswith(RID_PREFIX):
-        return None
-    body = rid[len(RID_PREFIX):]
-    sid, _, nonce = body.rpartition("-")
-    return sid if sid and nonce else None
-
 
 @dataclass
 class _Pending:
+    sample_id: str
     input_ids: list[int]
     aux: list[torch.Tensor] = field(default_factory=list)
     last: list[torch.Tensor] = field(default_factory=list)
     rows: int = 0
+    nbytes: int = 0
 
 
 class CaptureSink:
-    def __init__(self, out_dir: str | Path, *, queue_size: int = 8, header: dict | None = None):
+    def __init__(self, out_dir: str | Path, *, buffer_bytes: int = 4 << 30, writers: int = 2,
+                 header: dict | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.header = header or {}
+        self.buffer_bytes = buffer_bytes
         self._pending: dict[str, _Pending] = {}
-        self._queue: queue.Queue = queue.Queue(maxsize=queue_size)
+        self._gone: list[str] = []  # rids whose Req was collected; forgotten on the next call
+        self._queue: queue.Queue = queue.Queue()
+        self._held = 0  # bytes of pending and queued rows
+        self._queued = 0  # samples queued or being written
+        self._cond = threading.Condition()
         self._errors: list[BaseException] = []
-        self._thread = threading.Thread(target=self._write_loop, name="eaglebox-capture-writer", daemon=True)
-        self._thread.start()
+        for i in range(writers):
+            threading.Thread(target=self._write_loop, name=f"eaglebox-capture-writer-{i}", daemon=True).start()
 
-    def add_chunk(self, sample_id: str, input_ids: list[int], aux: torch.Tensor, last: torch.Tensor) -> dict | None:
-        """Record one prefill chunk of a request; returns the response metadata once the request's
-        rows are complete, else None. Raises if rows arrive beyond the prompt length."""
-        if self._errors:
-            raise RuntimeError(f"eaglebox capture writer failed: {self._errors[0]!r}")
-        p = self._pending.setdefault(sample_id, _Pending(input_ids=list(input_ids)))
+    @property
+    def held_bytes(self) -> int:
+        return self._held
+
+    def add_chunk(self, rid: str, sample_id: str, input_ids: list[int], aux: torch.Tensor, last: torch.Tensor,
+                  owner: object | None = None) -> dict | None:
+        """Record one prefill chunk of request ``rid``; returns the response metadata once the request's
+        rows are complete, else None. ``owner`` (SGLang's ``Req``): when it is garbage-collected before
+        the rows are complete, they are freed. Raises if rows arrive beyond the prompt length."""
+        self._raise_writer_error()
+        self._forget_gone()
         n = aux.shape[0]
         if last.shape[0] != n:
-            raise RuntimeError(f"capture {sample_id}: aux has {n} rows but last has {last.shape[0]}")
+            raise RuntimeError(f"capture {rid}: aux has {n} rows but last has {last.shape[0]}")
+        p = self._pending.get(rid)
+        if p is None:
+            p = self._pending[rid] = _Pending(sample_id, list(input_ids))
+            if owner is not None:
+                weakref.finalize(owner, self._gone.append, rid)
         if p.rows + n > len(p.input_ids):
-            self._pending.pop(sample_id, None)
-            raise RuntimeError(f"capture {sample_id}: {p.rows + n} rows for a {len(p.input_ids)}-token prompt")
-        p.aux.append(_start_copy(aux))
-        p.last.append(_start_copy(last))
+            self.drop(rid)
+            raise RuntimeError(f"capture {rid}: {p.rows + n} rows for a {len(p.input_ids)}-token prompt")
+        for dst, rows in ((p.aux, aux), (p.last, last)):
+            dst.append(_host_rows(rows))
+            p.nbytes += rows.numel() * rows.element_size()
+            self._add_held(rows.numel() * rows.element_size())
         p.rows += n
         if p.rows < len(p.input_ids):
             return None
-        del self._pending[sample_id]
+        del self._pending[rid]
         path = self.out_dir / f"{sample_id}.safetensors"
+        with self._cond:
+            self._queued += 1
         self._queue.put((path, p))
+        self._wait_for_budget()
         return {"file": str(path), "rows": p.rows, "dtype": str(aux.dtype).removeprefix("torch."),
                 "aux_shape": [p.rows, aux.shape[1]], "last_shape": [p.rows, last.shape[1]], **self.header}
 
-    def drop(self, sample_id: str) -> None:
+    def drop(self, rid: str) -> None:
         """Forget a request that was aborted or retracted (its rows will be recomputed)."""
-        self._pending.pop(sample_id, None)
+        p = self._pending.pop(rid, None)
+        if p is not None:
+            self._add_held(-p.nbytes)
 
     def flush(self) -> None:
-        self._queue.join()
+        with self._cond:
+            self._cond.wait_for(lambda: self._queued == 0)
+        self._raise_writer_error()
+
+    def _forget_gone(self) -> None:
+        while self._gone:
+            self.drop(self._gone.pop())
+
+    def _add_held(self, n: int) -> None:
+        with self._cond:
+            self._held += n
+            self._cond.notify_all()
+
+    def _wait_for_budget(self) -> None:
+        """Block the scheduler while the sink holds more than its budget and a writer can free some."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._held <= self.buffer_bytes or self._queued == 0 or self._errors)
+
+    def _raise_writer_error(self) -> None:
         if self._errors:
             raise RuntimeError(f"eaglebox capture writer failed: {self._errors[0]!r}")
 
@@ -92,18 +136,20 @@ class CaptureSink:
         while True:
             path, p = self._queue.get()
             try:
-                write_sample(path, p.input_ids, [_finish_copy(t) for t in p.aux], [_finish_copy(t) for t in p.last],
-                             self.header)
+                write_sample(path, p.input_ids, p.aux, p.last, self.header)
             except BaseException as err:  # surfaced on the next add_chunk / flush
                 self._errors.append(err)
             finally:
-                self._queue.task_done()
+                with self._cond:
+                    self._held -= p.nbytes
+                    self._queued -= 1
+                    self._cond.notify_all()
 
 
 def _lowest_cpu_priority() -> None:
     """Nice this thread to 19 (Linux: a thread is a task): with few cores, the writer's copies and
     hashing then use idle time instead of preempting the forward pass's OpenMP threads, which all
-    wait for the slowest one. The bounded queue still makes the scheduler wait if it falls behind."""
+    wait for the slowest one. The byte budget still makes the scheduler wait if they fall behind."""
     if sys.platform == "linux":
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
@@ -115,25 +161,17 @@ def write_sample(path: Path, input_ids: list[int], aux: list[torch.Tensor], last
     tensors = {"input_ids": [torch.tensor(input_ids, dtype=torch.int64)], "aux": aux, "last": last}
     digest = tensor_sha256(tensors)
     meta = {"rows": str(len(input_ids)), "sha256": digest, "header": json.dumps(header, sort_keys=True)}
-    write_safetensors(path, tensors, meta, fsync=False)
+    write_safetensors(path, tensors, meta, fsync=False, file_digest=False)
     return digest
 
 
-def _start_copy(t: torch.Tensor):
-    """On GPU, start a non-blocking copy into pinned memory now (the buffer may be reused later);
-    on CPU, keep a reference (the logits output is a fresh tensor each forward)."""
+def _host_rows(t: torch.Tensor) -> torch.Tensor:
+    """Rows the sink owns. Host rows are kept as they are; device rows are copied into pinned memory
+    on the current stream, and the copy is waited for: once this returns, the device memory may be
+    overwritten (a CUDA-graph buffer's next replay) or freed without touching what the sink holds."""
     if t.device.type == "cpu":
         return t
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t, non_blocking=True)
-    event = torch.cuda.Event()
-    event.record()
-    return (host, event)
-
-
-def _finish_copy(item) -> torch.Tensor:
-    if isinstance(item, tuple):
-        host, event = item
-        event.synchronize()
-        return host
-    return item
+    torch.cuda.current_stream(t.device).synchronize()
+    return host

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,8 +39,9 @@ class ShardError(EagleboxError, ValueError):
 @contextmanager
 def atomic_file(path: Path, *, fsync: bool = True):
     """A binary file that appears at ``path`` only once complete: written as a temp beside it
-    (``.<name>.<pid>.tmp``), renamed into place on success, removed on failure."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    (``.<name>.<pid>-<thread>.tmp``: two writers of one path never share a temp), renamed into place
+    on success, removed on failure."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{threading.get_native_id()}.tmp")
     try:
         with open(tmp, "wb") as f:
             yield f
@@ -79,8 +81,9 @@ def tensor_sha256(tensors: dict[str, torch.Tensor | list[torch.Tensor]]) -> str:
 
 
 def write_safetensors(path: Path, tensors: dict[str, list[torch.Tensor]], metadata: dict[str, str], *,
-                      fsync: bool) -> tuple[str, int]:
-    """Write a safetensors file straight from tensor memory; returns the file's sha256 and size.
+                      fsync: bool, file_digest: bool = True) -> tuple[str | None, int]:
+    """Write a safetensors file straight from tensor memory; returns the file's sha256 (None unless
+    ``file_digest``: hashing is a pass over every byte) and size.
 
     Each entry is the concatenation (dim 0) of its parts, written part after part: no joined copy
     and no serialised copy of the file, both of which safetensors' own ``save`` makes while holding
@@ -100,12 +103,13 @@ def write_safetensors(path: Path, tensors: dict[str, list[torch.Tensor]], metada
     header["__metadata__"] = metadata
     blob = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    h = hashlib.sha256()
+    h = hashlib.sha256() if file_digest else None
     with atomic_file(path, fsync=fsync) as f:
         for b in [struct.pack("<Q", len(blob)), blob, *(tensor_bytes(q) for k in order for q in tensors[k])]:
             f.write(b)
-            h.update(b)
-    return h.hexdigest(), 8 + len(blob) + offset
+            if h is not None:
+                h.update(b)
+    return h.hexdigest() if h is not None else None, 8 + len(blob) + offset
 
 
 def file_sha256(path: Path) -> str:
