@@ -147,3 +147,39 @@ def test_bad_row_fails_before_anything_is_written(tiny_target, tmp_path):
     assert p.returncode == 1
     assert f"{data}: line 2: not valid JSON" in out
     assert not (tmp_path / "out").exists() and not list(tmp_path.glob("out-server.log"))
+
+
+def test_two_concurrent_requests_for_one_sample_each_span_several_chunks(capture_server):
+    """A retried or duplicated request (same sample, another nonce) in the middle of a chunked prefill:
+    the server keeps each request's rows apart (keyed by sample id they merged, and the scheduler died
+    on 'rows beyond the prompt'), answers both, and writes one complete file."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import requests
+    from safetensors import safe_open
+
+    from eaglebox.shards.format import tensor_sha256
+    from eaglebox.shards.requests import capture_rid
+
+    cfg, srv, staging = capture_server
+    ids = torch.randint(10, 200, (300,), generator=torch.Generator().manual_seed(3)).tolist()  # 5 chunks of 64
+
+    def send(nonce):
+        body = {"input_ids": ids, "rid": capture_rid("dup0", nonce), "return_hidden_states": True,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        return requests.post(srv.url + "/generate", json=body, timeout=300)
+
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(send, ["first", "retry"]))
+    assert [a.status_code for a in answers] == [200, 200] and srv.alive()
+    assert [a.json()["meta_info"]["hidden_states"][0]["rows"] for a in answers] == [300, 300]
+    path = staging / "dup0.safetensors"
+    deadline = time.monotonic() + 60
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with safe_open(str(path), "pt") as f:
+        got = {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}
+        assert f.metadata()["sha256"] == tensor_sha256(got)
+    assert got["input_ids"].tolist() == ids and got["aux"].shape[0] == got["last"].shape[0] == 300
+    path.unlink()
+    assert sorted(p.name for p in staging.iterdir()) == []
