@@ -183,3 +183,39 @@ def test_two_concurrent_requests_for_one_sample_each_span_several_chunks(capture
     assert got["input_ids"].tolist() == ids and got["aux"].shape[0] == got["last"].shape[0] == 300
     path.unlink()
     assert sorted(p.name for p in staging.iterdir()) == []
+
+
+def malformed_corpus(path: Path) -> Path:
+    """Two good rows around what real corpora hold: a BOM, a bad UTF-8 byte, OpenAI content parts, an
+    image part, a line over the byte cap."""
+    def conv(user, answer="fine"):
+        return json.dumps({"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]})
+    lines = [b"\xef\xbb\xbf" + conv("hello there").encode(), b'{"text": "caf\xe9"}',
+             json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "how are you"}]},
+                                      {"role": "assistant", "content": "good"}]}).encode(),
+             json.dumps({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                                      {"role": "assistant", "content": "a cat"}]}).encode(),
+             conv("x" * 50_000).encode(), conv("what is up").encode()]
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    return path
+
+
+def test_malformed_corpus_is_skipped_row_by_row_or_refused_in_one_error(tiny_target, tmp_path):
+    from conftest import free_port
+
+    data = malformed_corpus(tmp_path / "corpus.jsonl")
+    refused = run_cli(tmp_path / "refused", free_port(), f"extract.dataset={data}", "extract.on_bad_row=error")
+    out = refused.communicate(timeout=300)[0]
+    assert refused.returncode == 1 and "Traceback" not in out
+    assert f"{data}: line 2: not valid UTF-8 (byte" in out and "extract.on_bad_row=skip" in out
+    assert not (tmp_path / "refused").exists()
+
+    skipped = run_cli(tmp_path / "skipped", free_port(), f"extract.dataset={data}", "extract.on_bad_row=skip")
+    out = skipped.communicate(timeout=600)[0]
+    assert skipped.returncode == 0 and "Traceback" not in out, out[-3000:]
+    for reason in ("line 2: not valid UTF-8", "line 4: messages[0].content[0]: a 'image_url' part",
+                   "over extract.max_row_bytes=49,152"):
+        assert reason in out, reason
+    assert "skipped 3 malformed rows" in out
+    manifest = json.loads((tmp_path / "skipped" / "manifest.json").read_text())
+    assert sorted(s["line"] for shard in manifest["shards"] for s in shard["samples"]) == [1, 3, 6]

@@ -63,3 +63,25 @@ def test_template_that_is_not_prefix_stable_is_refused(tiny_target):
     msgs = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
     with pytest.raises(ValueError, match="prefix"):
         tokenize(Row(1, "x", messages=msgs), tok, template)
+
+
+def test_real_world_corpus_defects_are_bad_rows_or_read(tmp_path):
+    """A BOM, a bad UTF-8 byte, OpenAI content parts, a non-text part and an over-long line."""
+    ok = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}]},
+                          {"role": "assistant", "content": "c"}]}
+    image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]},
+                          {"role": "assistant", "content": "c"}]}
+    huge = {"text": "x" * 5000}
+    p = tmp_path / "d.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + json.dumps(ok).encode() + b"\n" + b'{"text": "caf\xe9"}\n'
+                  + json.dumps(parts).encode() + b"\n" + json.dumps(image).encode() + b"\n"
+                  + json.dumps(huge).encode() + b"\n")
+    rows = list(read_rows(p, max_bytes=1000))
+    assert [type(r).__name__ for r in rows] == ["Row", "BadRow", "Row", "BadRow", "BadRow"]
+    assert rows[0].messages == ok["messages"]
+    line1 = len(json.dumps(ok)) + 4  # BOM + newline
+    assert str(rows[1]) == f"{p}: line 2: not valid UTF-8 (byte {line1 + 13:,} of the file: b'\\xe9')"
+    assert rows[2].messages[0] == {"role": "user", "content": "a b"}
+    assert str(rows[3]) == f"{p}: line 4: messages[0].content[0]: a 'image_url' part; only text parts can be captured"
+    assert str(rows[4]) == f"{p}: line 5: {len(json.dumps(huge)) + 1:,} bytes, over extract.max_row_bytes=1,000"

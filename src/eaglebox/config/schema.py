@@ -69,6 +69,9 @@ class ExtractConfig(Section):
     chat_template: Path | None = None
     """A Jinja file; None uses the tokenizer's own template."""
     on_bad_row: Literal["error", "skip"] = "error"
+    max_row_bytes: int | None = Field(None, ge=1)
+    """Rows over this many bytes are bad rows, refused before parsing and tokenizing; None: 64 bytes
+    a token of ``max_length``."""
     max_samples: int | None = Field(None, ge=1)
     regenerate: bool = False
     """Replace assistant turns by the target's own greedy answers (same server) before capture."""

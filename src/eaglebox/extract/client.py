@@ -113,7 +113,7 @@ def select_rows(cfg, log=print) -> list[Row]:
     """Parse the data set; bad rows fail the run or are skipped (``extract.on_bad_row``)."""
     e = cfg.extract
     rows, skipped = [], 0
-    for row in read_rows(e.dataset, e.format):
+    for row in read_rows(e.dataset, e.format, e.max_row_bytes or 64 * e.max_length):
         if isinstance(row, BadRow):
             _bad(e, row, log)
             skipped += 1

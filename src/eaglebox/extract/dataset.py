@@ -1,8 +1,10 @@
 """Chat data sets in, token ids and assistant-only loss masks out, with bad rows named by line.
 
 Formats (per row, ``auto`` detects): ShareGPT ``{"conversations": [{"from": "human", "value": ...}]}``,
-OpenAI ``{"messages": [{"role": "user", "content": ...}]}``, plain ``{"text": ...}``. Files are
-JSONL or Parquet. The loss mask covers assistant tokens only (all tokens for ``text``): each
+OpenAI ``{"messages": [{"role": "user", "content": ...}]}`` (content a string or a list of text
+parts), plain ``{"text": ...}``. Files are JSONL (UTF-8, a BOM allowed; each line decoded on its own,
+so one bad byte is one bad row) or Parquet. Rows over a byte cap are refused before they are parsed
+or tokenized (a 10 MB line would otherwise be tokenized for tens of seconds, then dropped). The loss mask covers assistant tokens only (all tokens for ``text``): each
 assistant turn is located by rendering the conversation up to it, which needs a template whose
 rendering of a prefix is a prefix of the full rendering -- checked, not assumed.
 """
@@ -34,8 +36,9 @@ class Row:
     text: str | None = None
 
 
-def read_rows(path: Path, fmt: str = "auto") -> Iterator[Row | BadRow]:
-    """Rows of the file; malformed ones come back as :class:`BadRow` (the caller decides)."""
+def read_rows(path: Path, fmt: str = "auto", max_bytes: int | None = None) -> Iterator[Row | BadRow]:
+    """Rows of the file; malformed ones, and rows over ``max_bytes``, come back as :class:`BadRow`
+    (the caller decides)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"extract.dataset: {path} does not exist")
@@ -44,20 +47,44 @@ def read_rows(path: Path, fmt: str = "auto") -> Iterator[Row | BadRow]:
 
         records = ((i + 1, r) for i, r in enumerate(pq.read_table(path).to_pylist()))
     else:
-        records = _jsonl(path)
+        records = _jsonl(path, max_bytes)
     for line, rec in records:
         if isinstance(rec, BadRow):
             yield rec
             continue
         try:
-            yield _parse(rec, line, fmt)
+            row = _parse(rec, line, fmt)
         except ValueError as err:
             yield BadRow(path, line, str(err))
+            continue
+        size = _text_bytes(row)
+        yield BadRow(path, line, _too_big(size, max_bytes)) if max_bytes and size > max_bytes else row
 
 
-def _jsonl(path: Path):
-    with open(path) as f:
-        for line_no, text in enumerate(f, 1):
+def _too_big(size: int, max_bytes: int) -> str:
+    return f"{size:,} bytes, over extract.max_row_bytes={max_bytes:,}"
+
+
+def _text_bytes(row: Row) -> int:
+    texts = [row.text] if row.text is not None else [m["content"] for m in row.messages]
+    return sum(len(t.encode("utf-8", "surrogatepass")) for t in texts)
+
+
+def _jsonl(path: Path, max_bytes: int | None):
+    """(line number, object or BadRow); lines are read as bytes and decoded one by one."""
+    with open(path, "rb") as f:
+        offset = 0
+        for line_no, raw in enumerate(f, 1):
+            start, offset = offset, offset + len(raw)
+            if max_bytes and len(raw) > max_bytes:
+                yield line_no, BadRow(path, line_no, _too_big(len(raw), max_bytes))
+                continue
+            try:
+                text = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                yield line_no, BadRow(path, line_no, f"not valid UTF-8 (byte {start + err.start:,} of the file: "
+                                                     f"{raw[err.start:err.start + 1]!r})")
+                continue
             if not text.strip():
                 continue
             try:
@@ -93,12 +120,25 @@ def _parse(rec, line: int, fmt: str) -> Row:
             role, content = t.get("role"), t.get("content")
         if role not in ("system", "user", "assistant"):
             raise ValueError(f"{key}[{i}]: unknown role {t.get('from', t.get('role'))!r}")
+        if isinstance(content, list) and fmt == "messages":
+            content = _text_parts(content, f"{key}[{i}]")
         if not isinstance(content, str):
             raise ValueError(f"{key}[{i}]: content is missing or not a string")
         messages.append({"role": role, "content": content})
     if not any(m["role"] == "assistant" and m["content"].strip() for m in messages):
         raise ValueError("empty conversation: no non-empty assistant turn")
     return Row(line, rid, messages=messages)
+
+
+def _text_parts(parts: list, where: str) -> str:
+    """OpenAI content parts: text parts joined; anything else cannot be captured as text."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            raise ValueError(f"{where}.content[{j}]: a {kind!r} part; only text parts can be captured")
+        texts.append(part["text"])
+    return "".join(texts)
 
 
 def tokenize(row: Row, tokenizer, chat_template: str | None = None) -> tuple[list[int], list[int]]:
