@@ -219,3 +219,22 @@ def test_malformed_corpus_is_skipped_row_by_row_or_refused_in_one_error(tiny_tar
     assert "skipped 3 malformed rows" in out
     manifest = json.loads((tmp_path / "skipped" / "manifest.json").read_text())
     assert sorted(s["line"] for shard in manifest["shards"] for s in shard["samples"]) == [1, 3, 6]
+
+
+def test_regenerate_run_on_a_too_small_disk_is_refused_before_the_server_starts(tiny_target, tmp_path):
+    """Regeneration runs through the server for minutes to hours: the disk estimate (answers counted at
+    regenerate_max_new_tokens) is checked first, and the refusal leaves nothing behind."""
+    from conftest import free_port
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        p = run_cli(small / "out", free_port(), "extract.regenerate=true")
+        out = p.communicate(timeout=300)[0]
+        assert p.returncode == 1 and "Traceback" not in out, out[-3000:]
+        assert f"not enough disk at {small}" in out
+        assert "starting SGLang" not in out and list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)])

@@ -85,3 +85,34 @@ def test_real_world_corpus_defects_are_bad_rows_or_read(tmp_path):
     assert rows[2].messages[0] == {"role": "user", "content": "a b"}
     assert str(rows[3]) == f"{p}: line 4: messages[0].content[0]: a 'image_url' part; only text parts can be captured"
     assert str(rows[4]) == f"{p}: line 5: {len(json.dumps(huge)) + 1:,} bytes, over extract.max_row_bytes=1,000"
+
+
+def test_extraction_regeneration_and_bench_render_one_conversation_alike(tiny_target, tmp_path):
+    """A configured chat template reaches all three: the prompt the bench sends and the one regeneration
+    sends are the prefix extraction captures."""
+    from eaglebox.bench.prompts import load_prompts
+    from eaglebox.extract.dataset import render_chat
+
+    tok = AutoTokenizer.from_pretrained(tiny_target)
+    template = ("{% for m in messages %}[{{ m['role'] }}]\n{{ m['content'] }}\n{% endfor %}"
+                "{% if add_generation_prompt %}[assistant]\n{% endif %}")
+    msgs = [{"role": "user", "content": "how are you"}, {"role": "assistant", "content": "fine"}]
+    p = write_lines(tmp_path, [json.dumps({"messages": msgs})])
+    bench = load_prompts(p, tok, 1, chat_template=template)[0]
+    regen = render_chat(tok, msgs[:1], template, generation_prompt=True)  # what regenerate() sends
+    ids, mask = tokenize(Row(1, "x", messages=msgs), tok, template)
+    assert bench == regen == ids[: mask.index(1)]
+    assert tok.decode(bench) == "[user]\nhow are you\n[assistant]\n"
+    assert bench != load_prompts(p, tok, 1)[0]  # the tokenizer's own template renders otherwise
+
+
+def test_regeneration_cache_key_follows_content_not_line():
+    from eaglebox.extract.regenerate import cache_key
+
+    a = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "x"}]
+    b = [{"role": "user", "content": "b"}, {"role": "assistant", "content": "x"}]
+    settings = {"sampling": {"max_new_tokens": 8, "temperature": 0}, "chat_template": None}
+    assert cache_key(a, settings) == cache_key([dict(m) for m in a], dict(settings))
+    assert len({cache_key(a, settings), cache_key(b, settings),
+                cache_key(a, {**settings, "sampling": {"max_new_tokens": 9, "temperature": 0}}),
+                cache_key(a, {**settings, "chat_template": "{{ messages }}"})}) == 4

@@ -22,6 +22,7 @@ from eaglebox.engine.launch import server_for
 from eaglebox.errors import EagleboxError
 from eaglebox.export.sglang import export_draft
 from eaglebox.extract.client import STAGING, Client, capture, prepare
+from eaglebox.extract.dataset import read_chat_template
 from eaglebox.shards.format import ShardReader
 from eaglebox.train.checkpoint import trainable_state
 from eaglebox.train.loop import provenance, run_train
@@ -60,7 +61,8 @@ def run_gate(cfg, log=print) -> dict:
     spec = capture_spec(cfg)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
     plan = prepare(cfg, spec, tok, log)
-    prompts = load_prompts(cfg.bench.prompts, tok, cfg.bench.num_prompts)
+    prompts = load_prompts(cfg.bench.prompts, tok, cfg.bench.num_prompts,
+                           chat_template=read_chat_template(cfg.extract.chat_template))
     out = Path(cfg.bench.output_dir)
     staging = Path(cfg.extract.output_dir) / STAGING
     t0 = time.monotonic()

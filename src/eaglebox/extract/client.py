@@ -29,7 +29,7 @@ from safetensors import safe_open
 
 from eaglebox import progress
 from eaglebox.errors import EagleboxError
-from eaglebox.extract.dataset import BadRow, Row, read_rows, tokenize
+from eaglebox.extract.dataset import BadRow, Row, read_chat_template, read_rows, tokenize
 from eaglebox.shards.format import (
     FORMAT,
     Sample,
@@ -135,7 +135,7 @@ def _bad(e, bad: BadRow, log) -> None:
 def plan_samples(cfg, rows: list[Row], tokenizer, spec: dict, log=print) -> list[Planned]:
     """Tokenize (assistant-only loss mask), drop over-long rows and duplicates, in data-set order."""
     e = cfg.extract
-    template = Path(e.chat_template).read_text() if e.chat_template else None
+    template = read_chat_template(e.chat_template)
     planned, seen, dupes = [], set(), 0
     for row in rows:
         try:
@@ -180,6 +180,24 @@ def check_resume(cfg, planned: list[Planned], spec: dict) -> dict | None:
     return manifest
 
 
+def check_disk_before_regeneration(cfg, rows: list[Row], tokenizer, spec: dict) -> None:
+    """The disk check for a run that regenerates answers first, made before the server starts (and
+    again after regeneration): each assistant turn counted at ``regenerate_max_new_tokens`` (plus a
+    few template tokens), each sample at most ``max_length``."""
+    e = cfg.extract
+    template = read_chat_template(e.chat_template)
+    lengths = []
+    for row in rows:
+        try:
+            ids, mask = tokenize(row, tokenizer, template)
+        except ValueError as err:
+            raise ExtractError(f"{e.dataset}: line {row.line}: {err}") from err
+        turns = sum(m["role"] == "assistant" for m in row.messages or [])
+        lengths.append(min(e.max_length, len(ids) - sum(mask) * (turns > 0) + turns * (e.regenerate_max_new_tokens + 8)))
+    bpt = bytes_per_token(spec["hidden_size"], len(spec["layer_ids"]), spec["dtype_bytes"])
+    check_disk(Path(e.output_dir), sum(lengths), bpt, 2 * e.shard_size * max(lengths, default=0))
+
+
 @dataclass
 class Plan:
     rows: list[Row]
@@ -191,6 +209,7 @@ def prepare(cfg, spec: dict, tokenizer, log=print) -> Plan:
     """Everything that can fail before a server starts: rows, tokenization, resume state, disk."""
     rows = select_rows(cfg, log)
     if cfg.extract.regenerate:
+        check_disk_before_regeneration(cfg, rows, tokenizer, spec)
         return Plan(rows, None, None)
     planned = plan_samples(cfg, rows, tokenizer, spec, log)
     return Plan(rows, planned, check_resume(cfg, planned, spec))

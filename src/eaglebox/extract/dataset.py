@@ -141,6 +141,26 @@ def _text_parts(parts: list, where: str) -> str:
     return "".join(texts)
 
 
+def read_chat_template(path: str | Path | None) -> str | None:
+    """``extract.chat_template`` (a Jinja file) as text; None keeps the tokenizer's own template."""
+    return Path(path).read_text() if path else None
+
+
+def render_chat(tokenizer, messages: list[dict], chat_template: str | None, *, generation_prompt: bool) -> list[int]:
+    """The one way a conversation becomes token ids. Extraction, regeneration and bench prompts all
+    call it, so the target sees the same tokens for the same conversation in all three."""
+    return tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=generation_prompt,
+                                         chat_template=chat_template, return_dict=False)
+
+
+def prompt_ids(row: Row, tokenizer, chat_template: str | None = None) -> list[int]:
+    """What the target is asked: a text row whole, a conversation up to its first assistant turn."""
+    if row.text is not None:
+        return tokenizer(row.text, add_special_tokens=True)["input_ids"]
+    first = next(i for i, m in enumerate(row.messages) if m["role"] == "assistant")
+    return render_chat(tokenizer, row.messages[:first], chat_template, generation_prompt=True)
+
+
 def tokenize(row: Row, tokenizer, chat_template: str | None = None) -> tuple[list[int], list[int]]:
     """(input_ids, loss_mask) for a row; the mask is 1 on assistant tokens (all tokens for text)."""
     if row.text is not None:
@@ -148,8 +168,7 @@ def tokenize(row: Row, tokenizer, chat_template: str | None = None) -> tuple[lis
         return ids, [1] * len(ids)
 
     def render(msgs, gen):
-        return tokenizer.apply_chat_template(msgs, tokenize=True, add_generation_prompt=gen,
-                                             chat_template=chat_template, return_dict=False)
+        return render_chat(tokenizer, msgs, chat_template, generation_prompt=gen)
 
     ids = render(row.messages, False)
     mask = [0] * len(ids)

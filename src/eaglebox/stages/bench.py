@@ -11,12 +11,14 @@ def run(cfg) -> int:
 
     from eaglebox.bench.prompts import load_prompts
     from eaglebox.bench.served import bench_served
+    from eaglebox.extract.dataset import read_chat_template
     from eaglebox.serve.provenance import check_provenance
 
     if cfg.serve.draft_path is None or cfg.bench.prompts is None:
         raise EagleboxError("serve.draft_path and bench.prompts: required to bench")
     check_provenance(cfg)
-    prompts = load_prompts(cfg.bench.prompts, AutoTokenizer.from_pretrained(cfg.model.path), cfg.bench.num_prompts)
+    prompts = load_prompts(cfg.bench.prompts, AutoTokenizer.from_pretrained(cfg.model.path), cfg.bench.num_prompts,
+                           chat_template=read_chat_template(cfg.extract.chat_template))
     r = bench_served(cfg, prompts, Path(cfg.bench.output_dir))
     a = r["acceptance"]
     print(json.dumps({"sglang": r["engine_version"], "accept_length": a["accept_length"],
