@@ -30,10 +30,10 @@ from pathlib import Path
 
 import requests
 
-from eaglebox.shards.requests import capture_rid
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
 from eaglebox.extract.client import wait_for_files
+from eaglebox.shards.requests import capture_rid
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,8 +5,8 @@ import torch
 from safetensors import safe_open
 
 from eaglebox.capture.sink import CaptureSink
-from eaglebox.shards.requests import sample_id_from_rid
 from eaglebox.shards.format import tensor_sha256
+from eaglebox.shards.requests import sample_id_from_rid
 
 
 def test_rid_parsing():
