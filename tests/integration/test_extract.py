@@ -121,14 +121,18 @@ def test_kill_9_then_rerun_gives_byte_identical_shards(tiny_target, tmp_path):
     victim.wait()
     cut = json.loads(manifest.read_text())
     assert len(cut["shards"]) < 10  # really interrupted
-    visible = sorted(p.name for p in (tmp_path / "cut").glob("shard-*"))
+    visible = sorted(p.name for p in (tmp_path / "cut").glob("shard-*.safetensors"))
     assert visible == [s["file"] for s in cut["shards"]] or len(visible) == len(cut["shards"]) + 1
 
     resumed = run_cli(tmp_path / "cut", port)
     out = resumed.communicate(timeout=600)[0]
     assert resumed.returncode == 0, out[-3000:]
-    ref_files = sorted(p.name for p in (tmp_path / "ref").iterdir() if p.is_file())
-    assert ref_files == sorted(p.name for p in (tmp_path / "cut").iterdir() if p.is_file())
+
+    def files(d):
+        return sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file() and ".staging" not in p.parts)
+    ref_files = files(tmp_path / "ref")
+    assert ref_files == files(tmp_path / "cut")
+    assert sum(name.count("/") for name in ref_files) == 40  # every sample file, in its shard's folder
     for name in ref_files:
         if name.startswith("shard-"):
             assert file_sha256(tmp_path / "ref" / name) == file_sha256(tmp_path / "cut" / name), name

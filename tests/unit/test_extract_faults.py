@@ -58,8 +58,8 @@ def test_disk_budget_refuses_with_the_numbers(tmp_path):
     # Kimi-K2.5: 3 aux + last, hidden 7168, bf16 -> 57,344 bytes of features per token
     assert bytes_per_token(7168, 3, 2) == 57_344 + 9
     with pytest.raises(ExtractError, match=r"needs [\d.]+ GB \(10,000,000,000 tokens x 57,353 bytes/token"):
-        check_disk(tmp_path / "new" / "dir", 10_000_000_000, 57_353, 0)
-    check_disk(tmp_path, 1000, 57_353, 0)
+        check_disk(tmp_path / "new" / "dir", 10_000_000_000, 57_353)
+    check_disk(tmp_path, 1000, 57_353)
     assert not (tmp_path / "new").exists()
 
 

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from eaglebox.extract.client import Client, Planned, capture_one, read_staged, sample_id, wait_for_files
+from eaglebox.extract.client import Client, Planned, capture_one, sample_id, verify_staged, wait_for_files
+from eaglebox.shards.format import sample_tensors
 
 
 def greedy(client: Client, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -24,7 +25,8 @@ def collect(client: Client, prompts: list[list[int]], max_new_tokens: int, stagi
         capture_one(client, p)
         path = staging / f"{p.id}.safetensors"
         wait_for_files([(path, f"prompt {i + 1}")])
-        sample = read_staged(path, p, spec)
+        verify_staged(path, p, spec)
+        aux = sample_tensors(path)[0]["aux"]
         path.unlink()
-        out.append((torch.tensor(seq), sample.aux.float(), len(prompt)))
+        out.append((torch.tensor(seq), aux.float(), len(prompt)))
     return out

@@ -156,12 +156,13 @@ def _lowest_cpu_priority() -> None:
 
 def write_sample(path: Path, input_ids: list[int], aux: list[torch.Tensor], last: list[torch.Tensor],
                  header: dict) -> str:
-    """Write one sample's chunks as a staged safetensors file (no fsync: the client packs it into a
-    shard and deletes it); returns the tensor sha256 it records."""
+    """Write one sample's chunks as its final, fsync'd file (the client verifies it and renames it
+    into a shard: these are the only writes of its bytes, and this the only hash); returns the
+    tensor sha256 it records."""
     tensors = {"input_ids": [torch.tensor(input_ids, dtype=torch.int64)], "aux": aux, "last": last}
     digest = tensor_sha256(tensors)
     meta = {"rows": str(len(input_ids)), "sha256": digest, "header": json.dumps(header, sort_keys=True)}
-    write_safetensors(path, tensors, meta, fsync=False, file_digest=False)
+    write_safetensors(path, tensors, meta, fsync=True, file_digest=False)
     return digest
 
 

@@ -7,15 +7,18 @@ Order of work, and why:
 2. Plan: unique samples in data-set order, ``shard_size`` to a shard. The plan depends only on the
    data and the capture spec, so an interrupted run resumes into the same shards, byte for byte.
 3. For each shard not yet in the manifest: capture the samples the staging folder lacks (the server
-   writes ``.staging/<sample_id>.safetensors``), verify every sample (rows == prompt tokens, echoed
-   ids == sent ids, tensor sha256), pack the shard, commit it in the manifest, delete its staging.
-   The next shard's requests are already in flight meanwhile.
+   writes and fsyncs ``.staging/<sample_id>.safetensors``, hashing it as it writes), verify every
+   sample (rows == prompt tokens, echoed ids == sent ids, the capture header, widths and dtype),
+   rename it into the shard's folder, write the shard's small index and commit it in the manifest.
+   Feature bytes are written once and hashed once, by the server. The next shard's requests are
+   already in flight meanwhile.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import threading
 import time
@@ -31,14 +34,15 @@ from eaglebox import progress
 from eaglebox.errors import EagleboxError
 from eaglebox.extract.dataset import BadRow, Row, read_chat_template, read_rows, tokenize
 from eaglebox.shards.format import (
+    DTYPE_CODES,
     FORMAT,
-    Sample,
     file_sha256,
+    fsync_dir,
     load_manifest,
     save_manifest,
+    shard_dir,
     shard_name,
-    tensor_sha256,
-    write_shard,
+    write_index,
 )
 from eaglebox.shards.requests import capture_rid
 
@@ -69,16 +73,17 @@ def bytes_per_token(hidden: int, n_aux: int, dtype_bytes: int) -> int:
     return (n_aux + 1) * hidden * dtype_bytes + 8 + 1
 
 
-def check_disk(out_dir: Path, tokens: int, bpt: int, staging_tokens: int) -> None:
+def check_disk(out_dir: Path, tokens: int, bpt: int) -> None:
+    """Staged samples are renamed into their shards, so the features' bytes are all there is."""
     probe = out_dir
     while not probe.exists():
         probe = probe.parent
-    need = (tokens + staging_tokens) * bpt
+    need = tokens * bpt
     free = shutil.disk_usage(probe).free
     if need > free:
         raise ExtractError(
             f"not enough disk at {probe}: the capture needs {need / 1e9:.2f} GB ({tokens:,} tokens x {bpt:,} "
-            f"bytes/token, plus two shards of staging), {free / 1e9:.2f} GB are free")
+            f"bytes/token), {free / 1e9:.2f} GB are free")
 
 
 class Client:
@@ -175,8 +180,7 @@ def check_resume(cfg, planned: list[Planned], spec: dict) -> dict | None:
     shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
     done = {s["file"] for s in (manifest or {}).get("shards", [])}
     todo_tokens = sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) not in done for p in sh)
-    # staging holds up to two shards: the one being packed and the next one, in flight
-    check_disk(out, todo_tokens, bpt, 2 * max(sum(len(p.input_ids) for p in sh) for sh in shards))
+    check_disk(out, todo_tokens, bpt)
     return manifest
 
 
@@ -195,7 +199,7 @@ def check_disk_before_regeneration(cfg, rows: list[Row], tokenizer, spec: dict) 
         turns = sum(m["role"] == "assistant" for m in row.messages or [])
         lengths.append(min(e.max_length, len(ids) - sum(mask) * (turns > 0) + turns * (e.regenerate_max_new_tokens + 8)))
     bpt = bytes_per_token(spec["hidden_size"], len(spec["layer_ids"]), spec["dtype_bytes"])
-    check_disk(Path(e.output_dir), sum(lengths), bpt, 2 * e.shard_size * max(lengths, default=0))
+    check_disk(Path(e.output_dir), sum(lengths), bpt)
 
 
 @dataclass
@@ -244,8 +248,9 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
         tmp.unlink()
     manifest = manifest or {"format": FORMAT, "capture": spec, "shards": []}
     manifest["dataset"] = {"path": str(e.dataset), "sha256": file_sha256(Path(e.dataset))}
-    for name, entry in list(done.items()):  # a resumed run trusts only shards that still hash right
-        if not (out / name).exists() or file_sha256(out / name) != entry["sha256"]:
+    for name, entry in list(done.items()):  # a resumed run trusts only shards whose index hashes right
+        complete = all((out / s["file"]).exists() for s in entry["samples"])
+        if not complete or not (out / name).exists() or file_sha256(out / name) != entry["sha256"]:
             log(f"{out / name}: missing or damaged; it will be captured again")
             manifest["shards"] = [s for s in manifest["shards"] if s["file"] != name]
             del done[name]
@@ -254,18 +259,16 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
                initial=sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) in done for p in sh))
 
     def finish(index: int, shard: list[Planned], requests: list, present: int) -> None:
-        """Wait for a shard's answers and files, then pack, commit and unstage it."""
-        for f in requests:
-            bar.update(len(f.result().input_ids))
-        wait_for_files([(staging / f"{p.id}.safetensors", f"sample at line {p.line}") for p in shard])
+        """Wait for a shard's answers and files, then verify, move in and commit it."""
+        requested = [f.result() for f in requests]
+        bar.update(sum(len(p.input_ids) for p in requested))
+        wait_for_files([(staging / f"{p.id}.safetensors", f"sample at line {p.line}") for p in requested])
         entry = commit_shard(out, index, shard, staging, spec)
         manifest["shards"].append(entry)
         manifest["shards"].sort(key=lambda s: s["file"])
         manifest["samples"] = sum(len(s["samples"]) for s in manifest["shards"])
         manifest["tokens"] = sum(r["rows"] for s in manifest["shards"] for r in s["samples"])
         save_manifest(out, manifest)
-        for p in shard:
-            (staging / f"{p.id}.safetensors").unlink(missing_ok=True)
         if present:
             log(f"{shard_name(index)}: reused {present} staged samples")
 
@@ -277,7 +280,8 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
         for index, shard in enumerate(shards):
             if shard_name(index) in done:
                 continue
-            missing = [p for p in shard if not (staging / f"{p.id}.safetensors").exists()]
+            missing = [p for p in shard if not (staging / f"{p.id}.safetensors").exists()
+                       and not (out / shard_dir(index) / f"{p.id}.safetensors").exists()]
             present = len(shard) - len(missing)
             bar.update(sum(len(p.input_ids) for p in shard if p not in missing))
             current = (index, shard, [pool.submit(capture_one, client, p) for p in missing], present)
@@ -320,39 +324,49 @@ def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120) -> None:
             time.sleep(0.005)
 
 
-def read_staged(path: Path, p: Planned, spec: dict) -> Sample:
-    """Load one staged sample and verify it against what was sent."""
+def verify_staged(path: Path, p: Planned, spec: dict) -> str:
+    """Check one staged sample against what was sent, from its header and token ids (no feature bytes
+    read); returns the tensor sha256 the server computed as it wrote the file."""
     with safe_open(str(path), "pt") as f:
         meta = f.metadata()
-        tensors = {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}
+        ids = f.get_tensor("input_ids").tolist()
+        aux, last = f.get_slice("aux"), f.get_slice("last")
+        shapes, dtypes = (aux.get_shape(), last.get_shape()), {aux.get_dtype(), last.get_dtype()}
     server = json.loads(meta.get("header", "{}"))
     for key in ("engine_version", "captured_layer_inputs"):
         if server.get(key) != spec[key]:
             raise ExtractError(f"{path}: the server reports {key}={server.get(key)}, the capture spec says "
                                f"{spec[key]}; the running SGLang hooks other layers or is another build")
-    digest = tensor_sha256(tensors)
-    if digest != meta.get("sha256"):
-        raise ExtractError(f"{path}: tensor sha256 differs from the one the server recorded")
-    if tensors["input_ids"].tolist() != p.input_ids:
+    if ids != p.input_ids:
         raise ExtractError(f"{path}: the server ran other token ids than were sent for line {p.line}")
-    if not (tensors["aux"].shape[0] == tensors["last"].shape[0] == len(p.input_ids)):
-        raise ExtractError(f"{path}: {tensors['aux'].shape[0]} rows for a {len(p.input_ids)}-token prompt")
-    return Sample(p.id, tensors["input_ids"], torch.tensor(p.loss_mask, dtype=torch.uint8), tensors["aux"],
-                  tensors["last"], digest)
+    if not (shapes[0][0] == shapes[1][0] == len(p.input_ids)):
+        raise ExtractError(f"{path}: {shapes[0][0]} rows for a {len(p.input_ids)}-token prompt")
+    H, k = spec["hidden_size"], len(spec["layer_ids"])
+    if shapes[0][1] != k * H or shapes[1][1] != H or dtypes != {DTYPE_CODES[getattr(torch, spec["dtype"])]}:
+        raise ExtractError(f"{path}: aux {shapes[0]} / last {shapes[1]} {sorted(dtypes)} do not match the capture "
+                           f"spec ({k} x {H}, {spec['dtype']})")
+    digest = meta.get("sha256", "")
+    if len(digest) != 64:
+        raise ExtractError(f"{path}: no tensor sha256 in its metadata; it was not written by the capture hook")
+    return digest
 
 
 def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: dict) -> dict:
-    samples = [read_staged(staging / f"{p.id}.safetensors", p, spec) for p in shard]
-    for s in samples:
-        if s.aux.shape[1] != spec["hidden_size"] * len(spec["layer_ids"]) or str(s.aux.dtype) != f"torch.{spec['dtype']}":
-            raise ExtractError(f"sample {s.id}: aux {tuple(s.aux.shape)} {s.aux.dtype} does not match the capture "
-                               f"spec ({len(spec['layer_ids'])} x {spec['hidden_size']}, {spec['dtype']})")
-    path = out / shard_name(index)
-    digest, size = write_shard(path, samples, spec)
+    """Verify each sample and rename it into the shard's folder, then write the shard's index."""
+    folder = out / shard_dir(index)
+    folder.mkdir(exist_ok=True)
     entries, offset = [], 0
-    for p, s in zip(shard, samples):
-        entries.append({"id": p.id, "line": p.line, "offset": offset, "rows": len(p.input_ids),
-                        "loss_tokens": int(sum(p.loss_mask)),
-                        "sha256": s.sha256})
+    for p in shard:
+        final = folder / f"{p.id}.safetensors"
+        src = final if final.exists() else staging / f"{p.id}.safetensors"  # moved by an interrupted run
+        digest = verify_staged(src, p, spec)
+        if src != final:
+            os.replace(src, final)
+        entries.append({"id": p.id, "line": p.line, "file": f"{folder.name}/{final.name}", "offset": offset,
+                        "rows": len(p.input_ids), "loss_tokens": int(sum(p.loss_mask)), "sha256": digest})
         offset += len(p.input_ids)
+    fsync_dir(folder)
+    path = out / shard_name(index)
+    digest, size = write_index(path, [p.input_ids for p in shard], [p.loss_mask for p in shard],
+                               [p.id for p in shard], spec)
     return {"file": path.name, "sha256": digest, "bytes": size, "samples": entries}

@@ -1,15 +1,20 @@
-"""The shard format: safetensors files of many samples, and a manifest that is the source of truth.
+"""The shard format: per-sample feature files written once, by the server, and a manifest that is the
+source of truth.
 
-A shard concatenates its samples along the token axis:
+A shard is a group of ``shard_size`` samples:
 
-- ``input_ids`` [T] int64, ``loss_mask`` [T] uint8,
-- ``aux`` [T, k*H] and ``last`` [T, H] in the target's dtype,
-- ``offsets`` [n+1] int64: sample ``i`` is rows ``offsets[i]:offsets[i+1]``.
+- ``shard-NNNNN/<sample_id>.safetensors``: one sample's features as the capture server wrote them
+  (``input_ids`` [L] int64, ``aux`` [L, k*H] and ``last`` [L, H] in the target's dtype, metadata with
+  the rows and the sha256 of the tensor bytes). The client verifies each and renames it here from the
+  staging folder: packing is a rename, so every feature byte is written once and hashed once.
+- ``shard-NNNNN.safetensors``: the shard's index, small: ``input_ids`` [T] int64, ``loss_mask`` [T]
+  uint8 and ``offsets`` [n+1] int64 (sample ``i`` is rows ``offsets[i]:offsets[i+1]``). The vocabulary
+  pass reads only these.
 
 ``manifest.json`` records the capture header (engine, version, layer ids and their convention, the
-layers the running model actually hooked), every committed shard with its sha256, and every sample
-with its id, shard, row offset and sha256. A shard exists for readers only once the manifest names
-it; both are written temp-then-rename, so no reader ever sees a partial file.
+layers the running model actually hooked), every committed shard with its index's sha256, and every
+sample with its id, file, row offset and tensor sha256. A shard exists for readers only once the
+manifest names it; files are written temp-then-rename, so no reader ever sees a partial file.
 """
 
 from __future__ import annotations
@@ -20,7 +25,6 @@ import os
 import struct
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,7 +32,7 @@ from safetensors import safe_open
 
 from eaglebox.errors import EagleboxError
 
-FORMAT = "eaglebox-shards/1"
+FORMAT = "eaglebox-shards/2"
 MANIFEST = "manifest.json"
 
 
@@ -54,12 +58,21 @@ def atomic_file(path: Path, *, fsync: bool = True):
         raise
 
 
+def fsync_dir(path: Path) -> None:
+    """Make renames into ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     with atomic_file(path) as f:
         f.write(data)
 
 
-_DTYPE_CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+DTYPE_CODES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
                 torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.uint8: "U8", torch.int8: "I8",
                 torch.bool: "BOOL", torch.float8_e4m3fn: "F8_E4M3", torch.float8_e5m2: "F8_E5M2"}
 
@@ -97,7 +110,7 @@ def write_safetensors(path: Path, tensors: dict[str, list[torch.Tensor]], metada
         if any(q.dtype != first.dtype or q.shape[1:] != first.shape[1:] for q in parts):
             raise ValueError(f"{path}: the parts of {key!r} differ in dtype or trailing shape")
         size = sum(q.numel() for q in parts) * first.element_size()
-        header[key] = {"dtype": _DTYPE_CODES[first.dtype], "shape": [sum(q.shape[0] for q in parts), *first.shape[1:]],
+        header[key] = {"dtype": DTYPE_CODES[first.dtype], "shape": [sum(q.shape[0] for q in parts), *first.shape[1:]],
                        "data_offsets": [offset, offset + size]}
         offset += size
     header["__metadata__"] = metadata
@@ -121,34 +134,33 @@ def file_sha256(path: Path) -> str:
 
 
 def shard_name(index: int) -> str:
+    """The shard's index file; its samples live in the folder of the same stem."""
     return f"shard-{index:05d}.safetensors"
 
 
-@dataclass
-class Sample:
-    id: str
-    input_ids: torch.Tensor
-    loss_mask: torch.Tensor
-    aux: torch.Tensor
-    last: torch.Tensor
-    sha256: str  # tensor_sha256 of input_ids, aux and last, as the manifest records it
+def shard_dir(index: int) -> str:
+    return f"shard-{index:05d}"
 
 
-def write_shard(path: Path, samples: list[Sample], header: dict) -> tuple[str, int]:
-    """Write samples as one shard; deterministic (no timestamps), so a rerun gives identical bytes.
+def sample_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
+    """A sample file's ``input_ids``, ``aux`` and ``last``, and its metadata."""
+    with safe_open(str(path), "pt") as f:
+        return {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}, f.metadata()
+
+
+def write_index(path: Path, ids: list[list[int]], masks: list[list[int]], sample_ids: list[str],
+                header: dict) -> tuple[str, int]:
+    """Write a shard's index; deterministic (no timestamps), so a rerun gives identical bytes.
     Returns the file's sha256 and size."""
     offsets = [0]
-    for s in samples:
-        offsets.append(offsets[-1] + s.input_ids.numel())
+    for x in ids:
+        offsets.append(offsets[-1] + len(x))
     tensors = {
-        "input_ids": [s.input_ids.to(torch.int64) for s in samples],
-        "loss_mask": [s.loss_mask.to(torch.uint8) for s in samples],
-        "aux": [s.aux for s in samples],
-        "last": [s.last for s in samples],
+        "input_ids": [torch.tensor(x, dtype=torch.int64) for x in ids],
+        "loss_mask": [torch.tensor(m, dtype=torch.uint8) for m in masks],
         "offsets": [torch.tensor(offsets, dtype=torch.int64)],
     }
-    meta = {"eaglebox": json.dumps({"format": FORMAT, "header": header, "sample_ids": [s.id for s in samples]},
-                                   sort_keys=True)}
+    meta = {"eaglebox": json.dumps({"format": FORMAT, "header": header, "sample_ids": sample_ids}, sort_keys=True)}
     return write_safetensors(path, tensors, meta, fsync=True)
 
 
@@ -171,12 +183,14 @@ def save_manifest(out_dir: Path, manifest: dict) -> None:
 
 def manifest_digest(manifest: dict) -> str:
     """Identifies the data a draft was trained on (recorded in the draft's provenance)."""
-    shards = [(s["file"], s["sha256"]) for s in manifest["shards"]]
+    shards = [(s["file"], s["sha256"], [x["sha256"] for x in s["samples"]]) for s in manifest["shards"]]
     return hashlib.sha256(json.dumps([manifest["capture"], shards], sort_keys=True).encode()).hexdigest()
 
 
 class ShardReader:
-    """Random access to samples across the shards a manifest names (memory-mapped by safetensors)."""
+    """Random access to samples across the shards a manifest names. The shards' indexes (ids and
+    loss masks) are held in memory; features are read from each sample's file when asked for.
+    ``verify`` hashes every index file and every sample's tensors against the manifest."""
 
     def __init__(self, out_dir: str | Path, *, verify: bool = False):
         self.dir = Path(out_dir)
@@ -185,26 +199,40 @@ class ShardReader:
             raise ShardError(f"{self.dir}: no {MANIFEST}; run `eaglebox extract` first")
         self.manifest = manifest
         self.header = manifest["capture"]
-        self.index: list[tuple[int, int, int]] = []  # (shard, row offset, rows)
-        self._files = []
+        self.index: list[tuple[Path, int, int, int]] = []  # (sample file, shard, row offset, rows)
+        self._ids, self._masks = [], []
         for si, shard in enumerate(manifest["shards"]):
             path = self.dir / shard["file"]
             if not path.exists():
                 raise ShardError(f"{path}: listed in {MANIFEST} but missing")
             if verify and file_sha256(path) != shard["sha256"]:
                 raise ShardError(f"{path}: sha256 differs from {MANIFEST}")
-            self._files.append(safe_open(str(path), "pt"))
+            with safe_open(str(path), "pt") as f:
+                self._ids.append(f.get_tensor("input_ids"))
+                self._masks.append(f.get_tensor("loss_mask"))
             for s in shard["samples"]:
-                self.index.append((si, s["offset"], s["rows"]))
+                sample = self.dir / s["file"]
+                if not sample.exists():
+                    raise ShardError(f"{sample}: listed in {MANIFEST} but missing")
+                if verify and tensor_sha256(sample_tensors(sample)[0]) != s["sha256"]:
+                    raise ShardError(f"{sample}: its tensors' sha256 differs from {MANIFEST}")
+                self.index.append((sample, si, s["offset"], s["rows"]))
 
     def __len__(self) -> int:
         return len(self.index)
 
     def rows(self, i: int) -> int:
-        return self.index[i][2]
+        return self.index[i][3]
+
+    def ids_and_mask(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample ``i``'s token ids and loss mask, from the shard index (no feature bytes read)."""
+        _, si, off, n = self.index[i]
+        return self._ids[si][off : off + n], self._masks[si][off : off + n]
 
     def get(self, i: int, max_rows: int | None = None) -> dict[str, torch.Tensor]:
-        si, off, n = self.index[i]
+        path, _, _, n = self.index[i]
         n = min(n, max_rows) if max_rows else n
-        f = self._files[si]
-        return {k: f.get_slice(k)[off : off + n] for k in ("input_ids", "loss_mask", "aux", "last")}
+        ids, mask = self.ids_and_mask(i)
+        with safe_open(str(path), "pt") as f:
+            return {"input_ids": ids[:n], "loss_mask": mask[:n], "aux": f.get_slice("aux")[:n],
+                    "last": f.get_slice("last")[:n]}

@@ -14,9 +14,9 @@ from eaglebox.shards.format import ShardReader
 
 def token_counts(reader: ShardReader, vocab_size: int) -> torch.Tensor:
     counts = torch.zeros(vocab_size, dtype=torch.int64)
-    for i in range(len(reader)):
-        s = reader.get(i)
-        ids = s["input_ids"][s["loss_mask"].bool()]
+    for i in range(len(reader)):  # ids and masks come from the shard indexes: no feature bytes are read
+        ids, mask = reader.ids_and_mask(i)
+        ids = ids[mask.bool()]
         counts += torch.bincount(ids, minlength=vocab_size)[:vocab_size]
     return counts
 
