@@ -3,6 +3,7 @@ FSDP2), refusals."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -62,6 +63,20 @@ def test_kill_9_then_resume_reproduces_the_uninterrupted_loss_curve(tiny_shards,
                      f"train.output_dir={cut}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (cut / "draft" / "model.safetensors").read_bytes() == ref_draft
+
+    # resuming with another batch size, or on other shards, would train on another sample order
+    r = subprocess.run(train_cmd(tiny_shards, cut, "train.batch_size=2", "train.max_steps=10"), cwd=ROOT,
+                       capture_output=True, text=True, timeout=900)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert "batch_size: checkpoint 4, now 2" in r.stderr + r.stdout
+    other = tmp_path / "other-shards"
+    shutil.copytree(tiny_shards, other)
+    manifest = json.loads((other / "manifest.json").read_text())
+    manifest["shards"] = manifest["shards"][:-1]
+    (other / "manifest.json").write_text(json.dumps(manifest))
+    r = subprocess.run(train_cmd(other, cut, "train.max_steps=10"), cwd=ROOT, capture_output=True, text=True,
+                       timeout=900)
+    assert r.returncode == 1 and "shards: checkpoint '" in r.stderr + r.stdout, r.stderr[-3000:]
 
 
 def test_torchrun_two_ranks_equal_one_rank_with_the_same_global_batch(tiny_shards, tmp_path):

@@ -25,6 +25,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 
+from eaglebox.errors import EagleboxError
+
 PREFIX = "step-"
 FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -86,12 +88,24 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, position: dict,
     return final
 
 
-def load(path: Path, model, optimizer, scheduler, rank: int, world: int) -> dict:
-    """Every rank reads the full files; FSDP2 keeps its own shard of them."""
-    state = json.loads((path / "state.json").read_text())
+def check_resumable(path: Path, state: dict, world: int, data: dict) -> None:
+    """Refuse to resume a run whose data order would differ: the step's samples depend on the shards,
+    the global batch (ranks x batch size), the sequence length and the seed."""
     if state["world"] != world:
-        raise RuntimeError(f"{path} was written by {state['world']} ranks; resume with the same number "
-                           f"(torchrun --nproc-per-node {state['world']}) or start a new train.output_dir")
+        raise EagleboxError(f"{path} was written by {state['world']} ranks; resume with the same number "
+                            f"(torchrun --nproc-per-node {state['world']}) or start a new train.output_dir")
+    diffs = [f"{k}: checkpoint {state.get(k)!r}, now {v!r}" for k, v in data.items() if state.get(k) != v]
+    if diffs:
+        raise EagleboxError(f"{path} cannot be resumed with this config and data; it would train on another "
+                            "sample order:\n  " + "\n  ".join(diffs) +
+                            "\n(restore the shards and settings it was written with, or start a new train.output_dir)")
+
+
+def load(path: Path, model, optimizer, scheduler, rank: int, world: int, data: dict) -> dict:
+    """Every rank reads the full files; FSDP2 keeps its own shard of them. ``data`` (what the data
+    order depends on) must equal what the checkpoint recorded."""
+    state = json.loads((path / "state.json").read_text())
+    check_resumable(path, state, world, data)
     weights = load_file(path / "model.safetensors")
     expected = trainable_names(model)
     if set(weights) != expected:

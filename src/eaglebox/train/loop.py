@@ -81,8 +81,10 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     ckpt_dir = out / "checkpoints"
     step = 0
     resume = checkpoint.latest(ckpt_dir)
+    data_order = {"shards": manifest_digest(reader.manifest), "batch_size": t.batch_size,
+                  "max_length": t.max_length, "seed": t.seed}
     if resume is not None:
-        step = checkpoint.load(resume, model, optimizer, scheduler, d.rank, d.world)["step"]
+        step = checkpoint.load(resume, model, optimizer, scheduler, d.rank, d.world, data_order)["step"]
         if d.rank == 0:
             log(f"train: resumed from {resume} (step {step}/{total})")
     metrics_path = out / "metrics.jsonl"
@@ -123,7 +125,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         if step % t.checkpoint_every == 0 or step == total:
             checkpoint.save(ckpt_dir, step, model, optimizer, scheduler,
                             {"epoch": epoch, "step_in_epoch": in_epoch + 1}, d.rank, d.world, d.barrier,
-                            t.keep_checkpoints, {"shards": manifest_digest(reader.manifest)})
+                            t.keep_checkpoints, data_order)
     bar.close()
     draft_dir = out / "draft"
     weights_out = checkpoint.trainable_state(model)  # collective under FSDP
