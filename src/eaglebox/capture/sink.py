@@ -13,8 +13,9 @@ Runs inside SGLang's scheduler process but imports nothing from SGLang, so it is
   A request that disappears without finishing (aborted) is forgotten when SGLang drops its ``Req``.
 - **Memory.** Completed samples wait for the writers in a queue bounded in bytes: ``add_chunk`` waits
   while the rows the sink holds exceed ``buffer_bytes`` and there is something to wait for.
-- **Writers.** ``writers`` threads (niced) hash and write samples in parallel: sha256 and file
-  writes release the GIL, so two or more keep a disk busy that one thread alternating them would not.
+- **Writers.** ``writers`` threads (niced) hash, write and fsync samples in parallel: sha256 and
+  file writes release the GIL. On the H200 host, 4 writers kept up with the disk (1.02x its raw
+  fsync'd rate, worst round 0.96x) where 2 reached 0.71x (``benchmarks/capture_gpu.py``).
 
 One file per sample, ``<dir>/<sample_id>.safetensors``, appears atomically (temp + rename):
 ``input_ids`` [L] int64 (the ids the server actually ran), ``aux`` [L, k*H] and ``last`` [L, H] in
@@ -48,7 +49,7 @@ class _Pending:
 
 
 class CaptureSink:
-    def __init__(self, out_dir: str | Path, *, buffer_bytes: int = 4 << 30, writers: int = 2,
+    def __init__(self, out_dir: str | Path, *, buffer_bytes: int = 4 << 30, writers: int = 4,
                  header: dict | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
