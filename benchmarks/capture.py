@@ -34,6 +34,7 @@ from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
 from eaglebox.extract.client import wait_for_files
 from eaglebox.shards.requests import capture_rid
+from eaglebox.target.layers import sglang_layer_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,7 +134,8 @@ def main() -> None:
         staging = work / f"staging-{uuid.uuid4().hex[:6]}"
         # no radix cache on either server: later rounds repeat the prompts, and a cache hit is no prefill
         plain = server_for(cfg(a.port, 'engine.extra_args=["--disable-radix-cache"]'), "plain", work / "plain.log")
-        capture = server_for(cfg(a.port + 1), "capture", work / "capture.log", capture_dir=staging)
+        capture = server_for(cfg(a.port + 1), "capture", work / "capture.log", capture_dir=staging,
+                             layer_ids=sglang_layer_ids(cfg(a.port + 1)))
         runs = {"plain": [], "aux only": [], "capture": [], "json": []}
         with plain, capture:  # both up; an idle one sleeps. Rounds alternate, so drift hits all modes alike
             for _ in range(a.rounds):

@@ -142,7 +142,7 @@ def run_eaglebox(seq: int, ttt: int, steps: int, profile: bool = False, graphs: 
 
 
 def big_spec():
-    from eaglebox.train.model import DraftSpec
+    from eaglebox.draft.spec import DraftSpec
 
     H = SHAPE["hidden"]
     return DraftSpec(hidden_size=H, target_hidden_size=H, num_aux=3, num_attention_heads=SHAPE["heads"],
@@ -153,7 +153,7 @@ def big_spec():
 
 
 def small_spec():
-    from eaglebox.train.model import DraftSpec
+    from eaglebox.draft.spec import DraftSpec
 
     return DraftSpec(hidden_size=256, target_hidden_size=256, num_aux=3, num_attention_heads=4, num_key_value_heads=2,
                      head_dim=64, intermediate_size=512, vocab_size=1000, draft_vocab_size=300, rms_norm_eps=1e-5,
@@ -196,7 +196,8 @@ def check_graphs() -> dict:
 def check_fused() -> dict:
     import torch
 
-    from eaglebox.train.model import Eagle3Draft, ttt_forward
+    from eaglebox.train.model import Eagle3Draft
+    from eaglebox.train.ttt import ttt_forward
     from eaglebox.train.vocab import build_vocab
 
     dev = torch.device("cuda")

@@ -37,7 +37,7 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def tiny_target() -> Path:
     """The tiny chat target and its data (``eaglebox tiny``), made on first use and cached in .cache/."""
-    from eaglebox.tiny import make_tiny_target, write_chat_data
+    from eaglebox_dev.tiny import make_tiny_target, write_chat_data
 
     make_tiny_target(TINY / "target")
     if not (TINY / "data" / "heldout.jsonl").exists():

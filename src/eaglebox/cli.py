@@ -47,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.verb == "tiny":
-            from eaglebox.tiny import make_tiny_target, write_chat_data
+            from eaglebox_dev.tiny import make_tiny_target, write_chat_data
 
             make_tiny_target(args.out / "target")
             paths = write_chat_data(args.out / "data")

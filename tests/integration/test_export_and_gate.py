@@ -18,8 +18,10 @@ from safetensors.torch import load_file
 from eaglebox.bench.sglang_draft import SGLangDraft
 from eaglebox.config import load_config
 from eaglebox.shards.format import ShardReader
-from eaglebox.train.model import Eagle3Draft, shift_left, ttt_attention
-from eaglebox.train.target import draft_spec, load_embed_and_head
+from eaglebox.draft.spec import draft_spec
+from eaglebox.target.weights import load_embed_and_head
+from eaglebox.train.model import Eagle3Draft
+from eaglebox.train.ttt import shift_left, ttt_attention
 
 draft_dir, shards, steps = Path(sys.argv[1]), sys.argv[2], 3
 cfg = load_config(sys.argv[3])

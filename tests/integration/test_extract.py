@@ -16,12 +16,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from eaglebox.capture.spec import capture_spec
+from eaglebox.bench.parity import parity_report
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
 from eaglebox.extract.client import ExtractError, capture, prepare
 from eaglebox.shards.format import ShardReader, file_sha256
-from eaglebox.shards.parity import parity_report
+from eaglebox.shards.spec import capture_spec
 
 pytestmark = pytest.mark.sglang
 
@@ -32,7 +32,8 @@ def capture_server(tiny_target, tiny_cfg_path, tmp_path_factory):
 
     staging = tmp_path_factory.mktemp("staging")
     cfg = load_config(tiny_cfg_path, [f"engine.port={free_port()}", "engine.chunked_prefill_size=64"])
-    srv = server_for(cfg, "capture", staging.parent / "capture-server.log", capture_dir=staging)
+    srv = server_for(cfg, "capture", staging.parent / "capture-server.log", capture_dir=staging,
+                     layer_ids=capture_spec(cfg)["layer_ids"])
     with srv:
         yield cfg, srv, staging
 

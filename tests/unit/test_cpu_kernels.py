@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from eaglebox.engine import cpu_kernels as k
+from eaglebox_dev import cpu_kernels as k
 
 
 def test_copy_all_layer_kv_cache_moves_rows_in_every_buffer_even_when_overlapping():
@@ -71,7 +71,7 @@ def test_verify_greedy_chain_all_none_and_first_miss():
 REFERENCE = r"""
 import json, sys, torch
 from sglang.kernels.ops.speculative.spec_tree import sgl_build_tree_kernel_triton, verify_tree_greedy_triton
-from eaglebox.engine import cpu_kernels as k
+from eaglebox_dev import cpu_kernels as k
 torch.manual_seed(0)
 results = []
 for case in range(12):

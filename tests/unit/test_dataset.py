@@ -90,8 +90,8 @@ def test_real_world_corpus_defects_are_bad_rows_or_read(tmp_path):
 def test_extraction_regeneration_and_bench_render_one_conversation_alike(tiny_target, tmp_path):
     """A configured chat template reaches all three: the prompt the bench sends and the one regeneration
     sends are the prefix extraction captures."""
-    from eaglebox.bench.prompts import load_prompts
     from eaglebox.extract.dataset import render_chat
+    from eaglebox.extract.prompts import load_prompts
 
     tok = AutoTokenizer.from_pretrained(tiny_target)
     template = ("{% for m in messages %}[{{ m['role'] }}]\n{{ m['content'] }}\n{% endfor %}"

@@ -1,6 +1,11 @@
 import pytest
 
-from eaglebox.layers import check_layer_ids, convert_layer_ids, default_layer_ids, hf_hidden_state_index
+from eaglebox.target.layers import (
+    check_layer_ids,
+    convert_layer_ids,
+    default_layer_ids,
+    hf_hidden_state_index,
+)
 
 
 def test_conversion_between_conventions_is_one_layer_and_invertible():

@@ -8,6 +8,7 @@ import pytest
 from eaglebox.config import load_config
 from eaglebox.engine.launch import launch_args
 from eaglebox.errors import EagleboxError
+from eaglebox.target.layers import sglang_layer_ids
 
 KIMI_CONFIG = {"architectures": ["KimiK25ForConditionalGeneration"], "text_config": {
     "num_hidden_layers": 61, "hidden_size": 7168, "vocab_size": 163840}}
@@ -35,7 +36,7 @@ def test_kimi_preset_names_sm120_backends_and_sglang_layer_ids(tmp_path):
     )
 
     cfg = load_config("configs/kimi-k2.5-8x-rtxpro6000.yaml", [f"model.path={fake_model(tmp_path, KIMI_CONFIG)}"])
-    cap = launch_args(cfg, "capture")
+    cap = launch_args(cfg, "capture", sglang_layer_ids(cfg))
     assert flag(cap, "--tp") == "8"
     assert flag(cap, "--attention-backend") == "triton" and "triton" in ATTENTION_BACKEND_CHOICES
     assert flag(cap, "--moe-runner-backend") == "marlin" and "marlin" in MOE_RUNNER_BACKEND_CHOICES
@@ -55,7 +56,7 @@ def test_kimi_preset_names_sm120_backends_and_sglang_layer_ids(tmp_path):
 
 def test_llama_preset_converts_reference_layer_ids_once(tmp_path):
     cfg = load_config("configs/llama-3.1-8b-1gpu.yaml", [f"model.path={fake_model(tmp_path, LLAMA_CONFIG)}"])
-    cap = launch_args(cfg, "capture")
+    cap = launch_args(cfg, "capture", sglang_layer_ids(cfg))
     i = cap.index("--return-aux-hidden-state-layer-ids")
     assert cap[i + 1 : i + 4] == ["1", "15", "28"]  # inputs of 2, 16, 29
 
@@ -72,10 +73,12 @@ def test_serving_refuses_a_draft_trained_on_other_layers(tmp_path):
 
     import torch
 
-    from eaglebox.export.sglang import export_draft
+    from eaglebox.draft.sglang import export_draft
+    from eaglebox.draft.spec import DraftSpec
     from eaglebox.serve.provenance import check_provenance
+    from eaglebox.shards.spec import capture_spec
     from eaglebox.train.checkpoint import trainable_state
-    from eaglebox.train.model import DraftSpec, Eagle3Draft
+    from eaglebox.train.model import Eagle3Draft
 
     model = fake_model(tmp_path, {**LLAMA_CONFIG, "num_attention_heads": 4})
     spec = DraftSpec(hidden_size=64, target_hidden_size=64, num_aux=3, num_attention_heads=4, num_key_value_heads=2,
@@ -87,10 +90,11 @@ def test_serving_refuses_a_draft_trained_on_other_layers(tmp_path):
     draft = export_draft(tmp_path / "draft", spec, trainable_state(Eagle3Draft(spec)), prov, torch.float32)
     cfg = load_config("configs/llama-3.1-8b-1gpu.yaml", [f"model.path={model}", f"serve.draft_path={draft}"])
     with pytest.raises(EagleboxError, match=r"layer_ids: draft \[2, 16, 29\] vs serving \[1, 15, 28\]"):
-        check_provenance(cfg)
+        check_provenance(cfg, capture_spec(cfg))
     ok = load_config("configs/llama-3.1-8b-1gpu.yaml", [f"model.path={model}", f"serve.draft_path={draft}",
                                                         "capture.layer_ids=[3, 17, 30]"])
-    assert check_provenance(ok)["mismatches"] == []
+    ok_spec = capture_spec(ok)
+    assert check_provenance(ok, ok_spec)["mismatches"] == []
     (draft / "model.safetensors").unlink()
     with pytest.raises(EagleboxError, match="model.safetensors"):
-        check_provenance(ok)
+        check_provenance(ok, ok_spec)

@@ -4,21 +4,14 @@ compiled steps, the shard-header check."""
 import pytest
 import torch
 
-from eaglebox.capture.spec import NOT_INSTALLED
+from eaglebox.draft.spec import DraftSpec
 from eaglebox.errors import EagleboxError
+from eaglebox.shards.spec import NOT_INSTALLED
 from eaglebox.train.data import batch_indices
 from eaglebox.train.loop import check_header
-from eaglebox.train.model import (
-    PAD_MULTIPLE,
-    DraftHeadLoss,
-    DraftSpec,
-    Eagle3Draft,
-    flex_ttt_attention,
-    head_chunk,
-    shift_left,
-    ttt_attention,
-    ttt_forward,
-)
+from eaglebox.train.loss import DraftHeadLoss, head_chunk
+from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
+from eaglebox.train.ttt import flex_ttt_attention, shift_left, ttt_attention, ttt_forward
 from eaglebox.train.vocab import build_vocab
 
 

@@ -10,7 +10,11 @@ SGLang reports as ``completion_tokens / spec_verify_ct``.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+
+from eaglebox.bench.sglang_draft import SGLangDraft
 
 
 def chain_accept(draft: list[int], target: list[int]) -> int:
@@ -72,3 +76,12 @@ def summarize(requests: list[dict], num_steps: int, engine_version: str) -> dict
             "accept_length": completion / cycles if cycles else float("nan"),
             "accept_length_per_request": [round(r["accept_length"], 4) for r in requests],
             "accept_rate_per_position": [round(x, 4) for x in per_position(accepted, num_steps)]}
+
+
+def evaluate_draft(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int, engine_version: str) -> dict:
+    """The exported draft in ``draft_dir``, with the target's embedding, over ``samples``
+    [(seq, aux features, prompt_len)]: the summary of :func:`simulate` over each."""
+    draft = SGLangDraft(draft_dir)
+    draft.set_embed(embed)
+    return summarize([simulate(draft, seq, feats, n, num_steps) for seq, feats, n in samples], num_steps,
+                     engine_version)

@@ -16,8 +16,8 @@ from pathlib import Path
 import requests
 
 from eaglebox.bench.offline import per_position
-from eaglebox.capture.spec import engine_version
 from eaglebox.engine.launch import server_for
+from eaglebox.shards.spec import engine_version
 
 
 def histogram_to_accepted(hist: list[int]) -> list[int]:

@@ -1,1 +1,1 @@
-"""Code that runs inside SGLang's processes: the capture hook and its server-side sink."""
+"""Code that runs inside SGLang's processes: the capture hook, its server-side sink, their activation."""

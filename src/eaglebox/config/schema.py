@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from eaglebox.layers import CONVENTIONS, Convention
+from eaglebox.target.layers import CONVENTIONS, Convention
 
 
 class Section(BaseModel):
@@ -145,12 +145,6 @@ class BenchConfig(Section):
     target alone and then target + draft, one after the other, for a side-by-side baseline."""
 
 
-class ImageConfig(Section):
-    name: str = "eaglebox"
-    tag: str = "0.1.0"
-    base_image: str | None = None
-
-
 class Config(Section):
     model: ModelConfig
     capture: CaptureConfig = CaptureConfig()
@@ -159,4 +153,3 @@ class Config(Section):
     train: TrainConfig = TrainConfig()
     serve: ServeConfig = ServeConfig()
     bench: BenchConfig = BenchConfig()
-    image: ImageConfig = ImageConfig()

@@ -1,1 +1,1 @@
-"""SGLang as eaglebox runs it: the pinned version, launch arguments, the server process, CPU support."""
+"""SGLang as eaglebox runs it: launch arguments, the server process, the install into an environment."""

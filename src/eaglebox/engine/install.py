@@ -4,7 +4,8 @@ SGLang starts its scheduler with multiprocessing ``spawn``, so a patch made in t
 never reaches the process that runs the model. A ``.pth`` file in site-packages runs in every
 interpreter of the environment: one imports the capture hook (inert unless ``EAGLEBOX_CAPTURE_DIR``
 is set), and with ``--cpu`` another puts the ``sgl_kernel`` stand-in on ``sys.path`` and installs
-the CPU corrections of :mod:`eaglebox.engine.cpu_patches` (inert unless ``SGLANG_USE_CPU_ENGINE=1``).
+the CPU corrections of :mod:`eaglebox_dev.cpu_patches` (inert unless ``SGLANG_USE_CPU_ENGINE=1``), both
+from the test and demo package :mod:`eaglebox_dev`.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from pathlib import Path
 
 CAPTURE_PTH = "eaglebox_capture.pth"
 CPU_PTH = "eaglebox_cpu_shim.pth"
-SHIM_DIR = Path(__file__).parent / "cpu_shim"
 
 
 def install(cpu: bool, site: Path | None = None) -> list[Path]:
@@ -24,10 +24,12 @@ def install(cpu: bool, site: Path | None = None) -> list[Path]:
     written = [site / CAPTURE_PTH]
     written[0].write_text("import eaglebox.capture.activate\n")
     if cpu:
+        from eaglebox_dev import SHIM_DIR
+
         spec = importlib.util.find_spec("sgl_kernel")
         if spec is not None and not str(spec.origin).startswith(str(SHIM_DIR)):
             raise SystemExit(f"a real sgl_kernel is installed at {spec.origin}; the CPU stand-in would shadow it")
-        (site / CPU_PTH).write_text(f"{SHIM_DIR}\nimport eaglebox.engine.cpu_patches as p; p.install()\n")
+        (site / CPU_PTH).write_text(f"{SHIM_DIR}\nimport eaglebox_dev.cpu_patches as p; p.install()\n")
         written.append(site / CPU_PTH)
     return written
 

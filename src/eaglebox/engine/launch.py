@@ -6,51 +6,18 @@
 - ``speculative``: target + draft with ``--speculative-algorithm EAGLE3``.
 
 All three share :func:`base_args`: the same engine flags capture the features and serve the draft.
+Capture takes the layer ids the command computed (``capture_spec(cfg)["layer_ids"]``); nothing here
+reads the target.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Literal
 
 from eaglebox.config import Config
-from eaglebox.layers import SGLANG_CONVENTION, check_layer_ids, convert_layer_ids, default_layer_ids
 
 Mode = Literal["plain", "capture", "speculative"]
-
-
-def read_target_config(model_path: Path) -> dict:
-    path = Path(model_path) / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except OSError as err:
-        raise FileNotFoundError(f"model.path: cannot read {path} ({err.strerror})") from err
-
-
-def target_config(cfg: Config) -> dict:
-    return read_target_config(cfg.model.path)
-
-
-def text_config(model_path: Path) -> dict:
-    """The language model's part of the target config (VLM wrappers such as Kimi-K2.5 nest it)."""
-    hf = read_target_config(model_path)
-    return hf.get("text_config", hf)
-
-
-def num_layers(cfg: Config) -> int:
-    return int(text_config(cfg.model.path)["num_hidden_layers"])
-
-
-def sglang_layer_ids(cfg: Config) -> list[int]:
-    """The aux layers in SGLang's convention (what ``--return-aux-hidden-state-layer-ids`` takes)."""
-    n = num_layers(cfg)
-    if cfg.capture.layer_ids is None:
-        ids = default_layer_ids(n)
-    else:
-        ids = convert_layer_ids(cfg.capture.layer_ids, cfg.capture.convention, SGLANG_CONVENTION)
-    check_layer_ids(ids, n)
-    return ids
 
 
 def base_args(cfg: Config) -> list[str]:
@@ -73,11 +40,14 @@ def base_args(cfg: Config) -> list[str]:
     return args + list(e.extra_args)
 
 
-def launch_args(cfg: Config, mode: Mode) -> list[str]:
+def launch_args(cfg: Config, mode: Mode, layer_ids: list[int] | None = None) -> list[str]:
+    """``layer_ids``: the aux layers to capture (SGLang's convention), for ``capture`` only."""
     args = base_args(cfg)
     if mode == "capture":
+        if layer_ids is None:
+            raise ValueError("capture mode needs the layer ids to capture")
         args += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
-                 "--return-aux-hidden-state-layer-ids", *map(str, sglang_layer_ids(cfg)),
+                 "--return-aux-hidden-state-layer-ids", *map(str, layer_ids),
                  "--disable-radix-cache", "--skip-server-warmup"]
     elif mode == "speculative":
         s = cfg.serve
@@ -104,9 +74,11 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict
     return env
 
 
-def server_for(cfg: Config, mode: Mode, log_path: Path, capture_dir: Path | None = None):
-    """An (unstarted) :class:`SGLangServer` for ``cfg`` in ``mode``."""
+def server_for(cfg: Config, mode: Mode, log_path: Path, capture_dir: Path | None = None,
+               layer_ids: list[int] | None = None):
+    """An (unstarted) :class:`SGLangServer` for ``cfg`` in ``mode``; ``capture`` writes ``layer_ids`` to
+    ``capture_dir``."""
     from eaglebox.engine.server import SGLangServer
 
-    return SGLangServer(launch_args(cfg, mode), env=launch_env(cfg, mode, capture_dir), log_path=log_path,
-                        host=cfg.engine.host, port=cfg.engine.port, startup_timeout_s=cfg.engine.startup_timeout_s)
+    return SGLangServer(launch_args(cfg, mode, layer_ids), env=launch_env(cfg, mode, capture_dir),
+                        log_path=log_path, host=cfg.engine.host, port=cfg.engine.port, startup_timeout_s=cfg.engine.startup_timeout_s)

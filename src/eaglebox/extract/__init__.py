@@ -1,1 +1,2 @@
-"""Extraction client: data set rows to verified capture requests to shards."""
+"""Extraction client: data set rows to verified capture requests to shards; held-out prompts and their
+greedy continuations' features for the evaluators."""

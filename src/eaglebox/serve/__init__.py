@@ -1,1 +1,1 @@
-"""Serving target + draft with SGLang EAGLE-3."""
+"""Serving target + draft with SGLang EAGLE-3: the provenance check before the server starts."""

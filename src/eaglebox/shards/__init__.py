@@ -1,1 +1,1 @@
-"""The shard format (safetensors + manifest) and the parity oracle that checks its contents."""
+"""What the capture client and the server agree on: the capture spec, the request ids, the shard format."""

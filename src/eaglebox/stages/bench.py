@@ -6,19 +6,26 @@ from pathlib import Path
 from eaglebox.errors import EagleboxError
 
 
+def heldout_prompts(cfg, tokenizer) -> list[list[int]]:
+    """``bench.num_prompts`` prompts from ``bench.prompts``, rendered as extraction renders them."""
+    from eaglebox.extract.dataset import read_chat_template
+    from eaglebox.extract.prompts import load_prompts
+
+    return load_prompts(cfg.bench.prompts, tokenizer, cfg.bench.num_prompts,
+                        chat_template=read_chat_template(cfg.extract.chat_template))
+
+
 def run(cfg) -> int:
     from transformers import AutoTokenizer
 
-    from eaglebox.bench.prompts import load_prompts
     from eaglebox.bench.served import bench_served
-    from eaglebox.extract.dataset import read_chat_template
     from eaglebox.serve.provenance import check_provenance
+    from eaglebox.shards.spec import capture_spec
 
     if cfg.serve.draft_path is None or cfg.bench.prompts is None:
         raise EagleboxError("serve.draft_path and bench.prompts: required to bench")
-    check_provenance(cfg)
-    prompts = load_prompts(cfg.bench.prompts, AutoTokenizer.from_pretrained(cfg.model.path), cfg.bench.num_prompts,
-                           chat_template=read_chat_template(cfg.extract.chat_template))
+    check_provenance(cfg, capture_spec(cfg))
+    prompts = heldout_prompts(cfg, AutoTokenizer.from_pretrained(cfg.model.path))
     r = bench_served(cfg, prompts, Path(cfg.bench.output_dir))
     a = r["acceptance"]
     print(json.dumps({"sglang": r["engine_version"], "accept_length": a["accept_length"],

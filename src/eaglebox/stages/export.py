@@ -8,11 +8,10 @@ from eaglebox.errors import EagleboxError
 def run(cfg) -> int:
     from safetensors.torch import load_file
 
-    from eaglebox.export.sglang import export_draft
+    from eaglebox.draft.sglang import export_draft, provenance
+    from eaglebox.draft.spec import draft_spec
     from eaglebox.shards.format import ShardReader
     from eaglebox.train import checkpoint
-    from eaglebox.train.loop import provenance
-    from eaglebox.train.target import draft_spec
 
     ckpt = checkpoint.latest(Path(cfg.train.output_dir) / "checkpoints")
     if ckpt is None:

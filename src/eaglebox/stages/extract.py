@@ -6,15 +6,27 @@ import json
 import shutil
 from pathlib import Path
 
-from eaglebox.capture.spec import capture_spec
 from eaglebox.engine.launch import server_for
 from eaglebox.errors import EagleboxError
+from eaglebox.shards.spec import capture_spec
+
+
+def staging_dir(cfg) -> Path:
+    """Where the capture server writes samples before the client commits them to shards."""
+    from eaglebox.extract.client import STAGING
+
+    return Path(cfg.extract.output_dir) / STAGING
+
+
+def capture_server(cfg, spec: dict, log_path: Path):
+    """An (unstarted) capture server for ``spec``'s layers, writing to :func:`staging_dir`."""
+    return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg), layer_ids=spec["layer_ids"])
 
 
 def run(cfg) -> int:
     from transformers import AutoTokenizer
 
-    from eaglebox.extract.client import STAGING, capture, prepare
+    from eaglebox.extract.client import capture, prepare
 
     if cfg.extract.dataset is None:
         raise EagleboxError("extract.dataset: required")
@@ -23,8 +35,8 @@ def run(cfg) -> int:
     plan = prepare(cfg, spec, tokenizer)
     out = Path(cfg.extract.output_dir)
     log_path = out.parent / f"{out.name}-server.log"
-    staging = out / STAGING
-    srv = server_for(cfg, "capture", log_path, capture_dir=staging)
+    staging = staging_dir(cfg)
+    srv = capture_server(cfg, spec, log_path)
     print(f"extract: starting SGLang {spec['engine_version']} (capture layers {spec['layer_ids']}, "
           f"{spec['convention']}); log {log_path}")
     with srv:

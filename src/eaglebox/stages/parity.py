@@ -4,7 +4,7 @@ import json
 
 
 def run(cfg) -> int:
-    from eaglebox.shards.parity import parity_report
+    from eaglebox.bench.parity import parity_report
 
     report = parity_report(cfg.extract.output_dir, cfg.model.path)
     print(json.dumps(report, indent=1))

@@ -10,8 +10,9 @@ def run(cfg) -> int:
     mode = "plain"
     if cfg.serve.draft_path is not None:
         from eaglebox.serve.provenance import check_provenance
+        from eaglebox.shards.spec import capture_spec
 
-        check_provenance(cfg)
+        check_provenance(cfg, capture_spec(cfg))
         mode = "speculative"
     args = [sys.executable, "-m", "sglang.launch_server", *launch_args(cfg, mode)]
     print("serve:", " ".join(args), flush=True)

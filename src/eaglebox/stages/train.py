@@ -1,6 +1,6 @@
 """``eaglebox train``: one process, or one per GPU under ``torchrun``."""
 
-from eaglebox.capture.spec import capture_spec
+from eaglebox.shards.spec import capture_spec
 
 
 def run(cfg) -> int:

@@ -16,16 +16,17 @@ from pathlib import Path
 import torch
 
 from eaglebox import progress
-from eaglebox.capture.spec import NOT_INSTALLED
+from eaglebox.draft.sglang import export_draft, provenance
+from eaglebox.draft.spec import draft_spec
 from eaglebox.errors import EagleboxError
-from eaglebox.layers import SGLANG_CONVENTION
 from eaglebox.shards.format import ShardReader, manifest_digest
+from eaglebox.shards.spec import NOT_INSTALLED
+from eaglebox.target.weights import load_embed_and_head
 from eaglebox.train import checkpoint
 from eaglebox.train.data import batch_indices, collate, steps_per_epoch
 from eaglebox.train.dist import Dist
 from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
 from eaglebox.train.step import make_optimizer, make_step
-from eaglebox.train.target import draft_spec, load_embed_and_head
 from eaglebox.train.vocab import build_vocab, token_counts
 
 
@@ -130,7 +131,6 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     draft_dir = out / "draft"
     weights_out = checkpoint.trainable_state(model)  # collective under FSDP
     if d.rank == 0:
-        from eaglebox.export.sglang import export_draft
         from eaglebox.train.plots import plot_metrics
 
         export_draft(draft_dir, spec, weights_out, provenance(reader, cfg))
@@ -151,15 +151,6 @@ def parallelize(model: Eagle3Draft, how: str, world: int) -> torch.nn.Module:
 
         return fully_shard(model, ignored_params={model.embed_tokens.weight})
     return torch.nn.parallel.DistributedDataParallel(model)
-
-
-def provenance(reader: ShardReader, cfg) -> dict:
-    h = reader.header
-    return {"engine": h["engine"], "engine_version": h["engine_version"], "layer_ids": h["layer_ids"],
-            "convention": SGLANG_CONVENTION, "captured_layer_inputs": h["captured_layer_inputs"],
-            "target_config_sha256": h["target_config_sha256"], "target_dtype": h["dtype"],
-            "quantization": h.get("quantization"), "shards_digest": manifest_digest(reader.manifest),
-            "samples": len(reader), "ttt_length": cfg.train.ttt_length}
 
 
 def _truncate_metrics(path: Path, step: int) -> None:

@@ -1,4 +1,4 @@
-"""What the draft takes from the target: its shape, RoPE, frozen embeddings and lm_head.
+"""The target's embedding and lm_head, which the draft shares (frozen) and trains against.
 
 Only the two tensors are read (through the safetensors index), never the whole checkpoint: a
 1T-parameter target's embedding and head are a few GB, its experts are not touched.
@@ -12,33 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from eaglebox.engine.launch import text_config
 from eaglebox.errors import EagleboxError
-from eaglebox.train.model import DraftSpec
-
-
-def draft_spec(model_path: Path, draft_cfg, num_aux: int) -> DraftSpec:
-    t = text_config(model_path)
-    H = int(t["hidden_size"])
-    target_heads = int(t["num_attention_heads"])
-    heads = draft_cfg.num_attention_heads or target_heads
-    kv = draft_cfg.num_key_value_heads or int(t.get("num_key_value_heads", heads))
-    # the target's head_dim unless the draft names its own head count
-    head_dim = H // heads if draft_cfg.num_attention_heads else int(t.get("head_dim") or H // target_heads)
-    if heads % kv:
-        raise EagleboxError(f"train.draft: {heads} attention heads are not a multiple of {kv} KV heads")
-    rope = t.get("rope_parameters") or t.get("rope_scaling")
-    theta = float(t.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0)
-    if rope and rope.get("rope_type", rope.get("type")) == "default":
-        rope = None
-    return DraftSpec(
-        hidden_size=H, target_hidden_size=H, num_aux=num_aux, num_attention_heads=heads,
-        num_key_value_heads=kv, head_dim=head_dim,
-        intermediate_size=draft_cfg.intermediate_size or int(t["intermediate_size"]),
-        vocab_size=int(t["vocab_size"]), draft_vocab_size=draft_cfg.draft_vocab_size,
-        rms_norm_eps=float(t.get("rms_norm_eps", 1e-6)), rope_theta=theta, rope_scaling=rope,
-        max_position_embeddings=int(t.get("max_position_embeddings", 4096)),
-    )
 
 
 def _weight_files(model_path: Path) -> dict[str, Path]:

@@ -1,14 +1,16 @@
-"""The capture spec: everything that determines the features, recorded in every shard and manifest."""
+"""The capture spec: everything that determines the features, recorded in every shard and manifest.
+
+A command computes it once (:func:`capture_spec`, which picks the layer ids) and passes it on: to
+the capture server's launch, the client, the trainer's shard check and the serve-time provenance check.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
-from pathlib import Path
 
 from eaglebox.config import Config
-from eaglebox.engine.launch import sglang_layer_ids, target_config, text_config
-from eaglebox.layers import SGLANG_CONVENTION, convert_layer_ids
+from eaglebox.target.config import config_sha256, target_dtype, text_config
+from eaglebox.target.layers import SGLANG_CONVENTION, convert_layer_ids, sglang_layer_ids
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 NOT_INSTALLED = "not-installed"  # engine_version where SGLang is absent
@@ -22,17 +24,10 @@ def engine_version() -> str:
         return NOT_INSTALLED
 
 
-def target_dtype(cfg: Config) -> str:
-    if cfg.model.dtype != "auto":
-        return cfg.model.dtype
-    hf = target_config(cfg)
-    return str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16")
-
-
 def capture_spec(cfg: Config) -> dict:
     text = text_config(cfg.model.path)
     ids = sglang_layer_ids(cfg)
-    dtype = target_dtype(cfg)
+    dtype = target_dtype(cfg.model.path, cfg.model.dtype)
     return {
         "engine": "sglang",
         "engine_version": engine_version(),
@@ -45,5 +40,5 @@ def capture_spec(cfg: Config) -> dict:
         "dtype_bytes": DTYPE_BYTES[dtype],
         "quantization": cfg.model.quantization,
         "tp": cfg.model.tp,
-        "target_config_sha256": hashlib.sha256((Path(cfg.model.path) / "config.json").read_bytes()).hexdigest(),
+        "target_config_sha256": config_sha256(cfg.model.path),
     }

@@ -17,8 +17,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from eaglebox.draft.spec import DraftSpec
 from eaglebox.errors import EagleboxError
-from eaglebox.train.model import DraftSpec
+from eaglebox.shards.format import ShardReader, manifest_digest
+from eaglebox.target.layers import SGLANG_CONVENTION
 
 SERVING_KEYS = {
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
@@ -31,6 +33,16 @@ SERVING_KEYS = {
 
 IGNORED_BY_SGLANG = ("norm_before_residual", "norm_before_fc", "fc_norm", "use_aux_norm", "norm_output",
                      "attention_bias", "mlp_bias", "bias")
+
+
+def provenance(reader: ShardReader, cfg) -> dict:
+    """The ``eaglebox`` block of a draft trained on ``reader``'s shards."""
+    h = reader.header
+    return {"engine": h["engine"], "engine_version": h["engine_version"], "layer_ids": h["layer_ids"],
+            "convention": SGLANG_CONVENTION, "captured_layer_inputs": h["captured_layer_inputs"],
+            "target_config_sha256": h["target_config_sha256"], "target_dtype": h["dtype"],
+            "quantization": h.get("quantization"), "shards_digest": manifest_digest(reader.manifest),
+            "samples": len(reader), "ttt_length": cfg.train.ttt_length}
 
 
 def draft_config(spec: DraftSpec, provenance: dict) -> dict:

@@ -1,4 +1,5 @@
-"""Aux-layer id conventions, and the one function that converts between them.
+"""Aux-layer id conventions, the one function that converts between them, and the one that picks
+the layers a run captures.
 
 Two conventions name the same physical tensor with ids that differ by one:
 
@@ -9,12 +10,16 @@ Two conventions name the same physical tensor with ids that differ by one:
   *entering* layer ``i``, i.e. the output of layer ``i - 1``.
 
 Every artifact eaglebox writes records the convention next to the ids. Code never adds or subtracts
-one by hand: it calls :func:`convert_layer_ids`.
+one by hand: it calls :func:`convert_layer_ids`. A command computes its ids once, with
+:func:`sglang_layer_ids` (through the capture spec, :func:`eaglebox.shards.spec.capture_spec`), and
+passes them on.
 """
 
 from __future__ import annotations
 
 from typing import Literal
+
+from eaglebox.target.config import num_layers
 
 Convention = Literal["output_of_layer", "input_of_layer"]
 SGLANG_CONVENTION: Convention = "output_of_layer"
@@ -65,3 +70,16 @@ def check_layer_ids(ids: list[int], num_layers: int) -> None:
     # SGLang captures a layer's output as the next layer's input: the last layer has no successor.
     if ids[0] < 0 or ids[-1] > num_layers - 2:
         raise ValueError(f"aux layer ids {ids} (output_of_layer) are outside 0..{num_layers - 2}")
+
+
+def sglang_layer_ids(cfg) -> list[int]:
+    """The aux layers ``cfg`` captures, in SGLang's convention (what ``--return-aux-hidden-state-layer-ids``
+    takes): ``capture.layer_ids`` converted from ``capture.convention``, or the EAGLE-3 default for the
+    target's layer count, checked against it."""
+    n = num_layers(cfg.model.path)
+    if cfg.capture.layer_ids is None:
+        ids = default_layer_ids(n)
+    else:
+        ids = convert_layer_ids(cfg.capture.layer_ids, cfg.capture.convention, SGLANG_CONVENTION)
+    check_layer_ids(ids, n)
+    return ids

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from eaglebox.layers import hf_hidden_state_index
 from eaglebox.shards.format import ShardReader
+from eaglebox.target.layers import hf_hidden_state_index
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:

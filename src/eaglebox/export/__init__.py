@@ -1,1 +1,0 @@
-"""Export the trained draft as the directory SGLang loads."""

@@ -1,0 +1,123 @@
+"""Training-time test: the unrolled draft steps (:func:`ttt_forward`) and their attention kernels.
+
+Step ``i`` at sequence index ``t`` sees the target's features at ``t``, the token ``x[t+1+i]`` and
+predicts ``x[t+2+i]``; its query sits at position ``t+i`` and attends to step 0's keys at positions
+``<= t`` and to its own earlier steps' keys at the same index -- what chain drafting does at
+inference (SGLang step ``j`` runs at position ``q+j`` over the verified prefix and the draft tokens
+before it). :func:`ttt_attention` is the eager, dense reference (the CPU path);
+:func:`flex_ttt_attention` the block-sparse CUDA path.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from eaglebox.train.loss import DraftHeadLoss, target_probs
+
+
+def ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                  valid: torch.Tensor, steps: int | None = None) -> torch.Tensor:
+    """Attention of TTT step ``i = len(keys) - 1``.
+
+    ``keys[0]`` (step 0) is attended causally; ``keys[j]`` for ``j >= 1`` only at the query's own index
+    (the diagonal). ``valid`` [B, T] masks padding keys. Dense and exact: the CPU path, and the
+    reference :func:`flex_ttt_attention` is tested against (``steps``, the unroll length, only
+    matters there).
+    """
+    B, Hq, T, d = q.shape
+    rep = Hq // keys[0].shape[1]
+    k = torch.cat(keys, dim=2).repeat_interleave(rep, dim=1)
+    v = torch.cat(values, dim=2).repeat_interleave(rep, dim=1)
+    idx = torch.arange(T, device=q.device)
+    causal = (idx[None, :] <= idx[:, None])[None] & valid[:, None, :]  # [B, T, T]
+    diag = torch.eye(T, dtype=torch.bool, device=q.device)[None].expand(B, T, T)
+    mask = torch.cat([causal] + [diag] * (len(keys) - 1), dim=-1)  # [B, T, (i+1)T]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None], scale=1.0 / math.sqrt(d))
+
+
+def ttt_mask_mod(T: int, limit: torch.Tensor):
+    """The mask of :func:`ttt_attention` as a flex-attention ``mask_mod`` over keys ``[step 0 | 1 | ...]``:
+    key ``kv`` is sequence index ``kv % T`` of step ``kv // T``; keys at or past ``limit`` are padding."""
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        j = kv_idx % T
+        return (j <= q_idx) & ((kv_idx < T) | ((j == q_idx) & (kv_idx < limit)))
+
+    return mask_mod
+
+
+_compiled_flex = None
+_block_masks: dict = {}
+
+
+def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                       valid: torch.Tensor, steps: int) -> torch.Tensor:
+    """:func:`ttt_attention` with a block-sparse mask: step ``i`` costs a causal ``T x T`` plus ``i``
+    diagonal blocks, not a dense ``T x (i+1)T``. Keys are zero-padded to all ``steps`` (blocks
+    the mask skips, so no work) so that one compiled kernel serves every step. Batches are padded
+    on the right, so a padding key is only ever seen by padding queries (causal and diagonal keys
+    sit at or before the query) and ``valid`` needs no mask here: the block mask depends only on
+    the length and the step, and is built once per pair. Compiled on CUDA, eager (a dense
+    reference inside flex) elsewhere."""
+    global _compiled_flex
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, Hq, T, _ = q.shape
+    pad = [keys[0].new_zeros(*keys[0].shape[:2], (steps - len(keys)) * T, keys[0].shape[3])]
+    k, v = torch.cat(keys + pad, dim=2), torch.cat(values + pad, dim=2)
+    on_gpu = q.device.type == "cuda"
+    key = (T, steps, len(keys), q.device)
+    if key not in _block_masks:
+        limit = torch.tensor(len(keys) * T, device=q.device)
+        _block_masks[key] = create_block_mask(ttt_mask_mod(T, limit), None, None, T, steps * T, device=q.device,
+                                              _compile=on_gpu)
+    if on_gpu and _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention, dynamic=False)  # see Eagle3Draft.compile_steps
+    fn = _compiled_flex if on_gpu else flex_attention
+    return fn(q, k, v, block_mask=_block_masks[key], enable_gqa=Hq != k.shape[1])
+
+
+def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x[:, t] <- x[:, t+n]; the last n positions get ``fill``."""
+    if n == 0:
+        return x
+    pad = torch.full_like(x[:, :n], fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def ttt_forward(model: torch.nn.Module, batch: dict, lm_head_weight: torch.Tensor,
+                ttt_length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Summed losses, correct top-1 counts and scored positions, each [ttt_length], for a padded batch
+    through ``model`` (an :class:`~eaglebox.train.model.Eagle3Draft`: its step blocks and kernels).
+
+    batch: ``input_ids`` [B, T], ``loss_mask`` [B, T], ``aux`` [B, T, k*Ht], ``last`` [B, T, Ht],
+    ``valid`` [B, T] (False on padding). Sums, not means: the caller normalises after summing over
+    ranks, so the result does not depend on how the data was split.
+    """
+    ids, valid = batch["input_ids"], batch["valid"]
+    B, T = ids.shape
+    probs, in_vocab = target_probs(batch["last"], lm_head_weight, model.d2t, model.t2d)
+    probs_argmax = probs.argmax(-1)
+    # index t predicts x[t+2+i] (an assistant token) from the target's distribution at t+1+i (whose
+    # argmax lies in the draft vocabulary)
+    scored = batch["loss_mask"].bool() & valid
+    h = model.fc(batch["aux"].to(model.fc.weight.dtype))
+    positions = torch.arange(T, device=ids.device)[None].expand(B, T)
+    dtype = torch.get_autocast_dtype(ids.device.type) if torch.is_autocast_enabled(ids.device.type) else h.dtype
+    w = model.step_weights(dtype)
+    h = h.to(dtype)
+    keys, values, rows, masks = [], [], [], []
+    for i in range(ttt_length):
+        tok = shift_left(ids, 1 + i)
+        q, k, v = model.qkv(w, model.embed_tokens(tok).to(dtype), h, positions + i)
+        keys.append(k)
+        values.append(v)
+        h, normed = model.finish(w, h, model.attention(q, keys, values, valid, ttt_length))
+        L = T - 1 - i  # rows t whose target distribution (at t+1+i) exists
+        rows.append(normed[:, :L])
+        masks.append(shift_left(scored, 2 + i, False)[:, :L] & in_vocab[:, 1 + i :])
+    losses, correct = DraftHeadLoss.apply(w["lm_head"], probs, probs_argmax, masks, model.head_chunk, *rows)
+    return losses, correct, torch.stack([m.sum() for m in masks])
