@@ -9,7 +9,7 @@ ROOT=$PWD CARRY=$PWD/.cache/h200/carry OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/site /tmp/sglk/sgl_kernel "$OUT"
 [ -d /tmp/site/sglang ] || xz -dc "$CARRY/site.tar.xz" | tar xf - -C /tmp/site
 cp tools/h200/sgl_kernel/__init__.py "$CARRY/scalar_type.py" /tmp/sglk/sgl_kernel/
-PURELIB=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+PURELIB=$(python3 -S -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "import eaglebox.capture.activate" > "$PURELIB/eaglebox_capture.pth"  # .pth files on PYTHONPATH are not read
 echo "import h200_patches" > "$PURELIB/eaglebox_h200.pth"
 export PYTHONPATH=/tmp/site:$ROOT/src:/tmp/sglk:$ROOT/tools/h200 PYTHONUNBUFFERED=1 OUT

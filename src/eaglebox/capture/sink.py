@@ -29,6 +29,7 @@ import os
 import queue
 import sys
 import threading
+import time
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,6 +63,8 @@ class CaptureSink:
         self._queued = 0  # samples queued or being written
         self._cond = threading.Condition()
         self._errors: list[BaseException] = []
+        self.stats = {"samples": 0, "bytes": 0, "hash_s": 0.0, "write_s": 0.0, "add_s": 0.0, "budget_wait_s": 0.0}
+        self._t0 = time.monotonic()
         for i in range(writers):
             threading.Thread(target=self._write_loop, name=f"eaglebox-capture-writer-{i}", daemon=True).start()
 
@@ -76,6 +79,7 @@ class CaptureSink:
         the rows are complete, they are freed. Raises if rows arrive beyond the prompt length."""
         self._raise_writer_error()
         self._forget_gone()
+        t0 = time.perf_counter()
         n = aux.shape[0]
         if last.shape[0] != n:
             raise RuntimeError(f"capture {rid}: aux has {n} rows but last has {last.shape[0]}")
@@ -93,13 +97,17 @@ class CaptureSink:
             self._add_held(rows.numel() * rows.element_size())
         p.rows += n
         if p.rows < len(p.input_ids):
+            self.stats["add_s"] += time.perf_counter() - t0
             return None
         del self._pending[rid]
         path = self.out_dir / f"{sample_id}.safetensors"
         with self._cond:
             self._queued += 1
         self._queue.put((path, p))
+        t1 = time.perf_counter()
         self._wait_for_budget()
+        self.stats["add_s"] += t1 - t0
+        self.stats["budget_wait_s"] += time.perf_counter() - t1
         return {"file": str(path), "rows": p.rows, "dtype": str(aux.dtype).removeprefix("torch."),
                 "aux_shape": [p.rows, aux.shape[1]], "last_shape": [p.rows, last.shape[1]], **self.header}
 
@@ -137,14 +145,31 @@ class CaptureSink:
         while True:
             path, p = self._queue.get()
             try:
-                write_sample(path, p.input_ids, p.aux, p.last, self.header)
+                _, hash_s, write_s = write_sample(path, p.input_ids, p.aux, p.last, self.header)
             except BaseException as err:  # surfaced on the next add_chunk / flush
                 self._errors.append(err)
+                hash_s = write_s = 0.0
             finally:
                 with self._cond:
                     self._held -= p.nbytes
                     self._queued -= 1
+                    self._count(p.nbytes, hash_s, write_s)
                     self._cond.notify_all()
+
+    def _count(self, nbytes: int, hash_s: float, write_s: float) -> None:
+        """Running totals (under the lock); every 256 samples one stderr line says where time goes, so a
+        capture that falls behind the disk can be read off the server log."""
+        st = self.stats
+        st["samples"] += 1
+        st["bytes"] += nbytes
+        st["hash_s"] += hash_s
+        st["write_s"] += write_s
+        if st["samples"] % 256 == 0:
+            wall = time.monotonic() - self._t0
+            print(f"[eaglebox] capture: {st['samples']} samples, {st['bytes'] / 1e9:.1f} GB in {wall:.0f} s; writers "
+                  f"hashed {st['hash_s']:.1f} s, wrote+fsynced {st['write_s']:.1f} s; scheduler spent "
+                  f"{st['add_s']:.1f} s in add_chunk, {st['budget_wait_s']:.1f} s waiting for the byte budget",
+                  file=sys.stderr, flush=True)
 
 
 def _lowest_cpu_priority() -> None:
@@ -156,15 +181,17 @@ def _lowest_cpu_priority() -> None:
 
 
 def write_sample(path: Path, input_ids: list[int], aux: list[torch.Tensor], last: list[torch.Tensor],
-                 header: dict) -> str:
+                 header: dict) -> tuple[str, float, float]:
     """Write one sample's chunks as its final, fsync'd file (the client verifies it and renames it
     into a shard: these are the only writes of its bytes, and this the only hash); returns the
-    tensor sha256 it records."""
+    tensor sha256 it records and the seconds spent hashing and writing."""
     tensors = {"input_ids": [torch.tensor(input_ids, dtype=torch.int64)], "aux": aux, "last": last}
+    t0 = time.perf_counter()
     digest = tensor_sha256(tensors)
+    t1 = time.perf_counter()
     meta = {"rows": str(len(input_ids)), "sha256": digest, "header": json.dumps(header, sort_keys=True)}
     write_safetensors(path, tensors, meta, fsync=True, file_digest=False)
-    return digest
+    return digest, t1 - t0, time.perf_counter() - t1
 
 
 def _host_rows(t: torch.Tensor) -> torch.Tensor:

@@ -29,7 +29,6 @@ from common import (
 )
 
 
-
 def parity() -> bool:
     path = make_llama("wide", 6, WIDE)
     cfg = config_for(path, "parity", 31000, [0, 2, 4], chunked_prefill=512)
