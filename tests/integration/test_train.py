@@ -91,6 +91,12 @@ def test_torchrun_two_ranks_equal_one_rank_with_the_same_global_batch(tiny_shard
     assert len(a) == len(b) == 4
     assert a == pytest.approx(b, rel=1e-4)
 
+    # the same global batch on another world size is still another run: resuming it is refused
+    more = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           *train_cmd(tiny_shards, tmp_path / "one", "train.batch_size=2", "train.max_steps=6")[1:]],
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert more.returncode != 0 and "was written by 1 ranks; resume with the same number" in more.stderr + more.stdout
+
 
 def test_fsdp_two_ranks_resume_to_the_one_rank_curve(tiny_shards, tmp_path):
     """FSDP2 shards the draft across ranks; its checkpoints (full tensors) resume under FSDP2."""
