@@ -13,7 +13,7 @@ WHEELS := .cache/wheels/.complete
 DOCKER ?= /usr/bin/docker
 COMPOSE = $(DOCKER) compose --env-file compose/.env -f compose/compose.yaml $(if $(CPU),-f compose/compose.cpu.yaml)
 
-.PHONY: venv tiny demo check test test-fast lint wheels docker-engine image image-cpu extract train serve bench clean
+.PHONY: venv tiny demo check test test-fast lint wheels docker-engine image image-cpu gpu-lock gpu-closure-check extract train serve bench bench-served clean
 
 venv: $(STAMP)
 
@@ -43,17 +43,20 @@ test: venv tiny wheels docker-engine
 	$(BIN)/python -m pytest -v $(ARGS)
 
 test-fast: venv
-	$(BIN)/python -m pytest -v -m "not sglang and not docker" $(ARGS)
+	$(BIN)/python -m pytest -v -m "not sglang and not docker and not closure" $(ARGS)
 
 lint: venv
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/hadolint Dockerfile
 
-# Wheels for the CPU image (the build has no network): SGLang's run-time list and eaglebox's own.
+# Wheels for the CPU image (the build has no network): SGLang's run-time list, eaglebox's declared
+# run-time requirements and its `dev` extra (the tiny target), from pyproject.toml.
 wheels: $(WHEELS)
-$(WHEELS): requirements/sglang-0.5.23-runtime.txt requirements/image.txt | $(STAMP)
+$(WHEELS): requirements/sglang-0.5.23-runtime.txt requirements/image.txt pyproject.toml | $(STAMP)
 	mkdir -p .cache/wheels
-	$(BIN)/pip download -q -d .cache/wheels -r requirements/sglang-0.5.23-runtime.txt -r requirements/image.txt
+	$(BIN)/python docker/eaglebox-requirements.py --extra dev --without sglang --without torch > .cache/eaglebox-requirements.txt
+	$(BIN)/pip download -q -d .cache/wheels -r requirements/sglang-0.5.23-runtime.txt -r requirements/image.txt \
+	  -r .cache/eaglebox-requirements.txt
 	$(BIN)/pip download -q --no-deps -d .cache/wheels sglang==0.5.23
 	touch $@
 
@@ -64,19 +67,41 @@ image-cpu: wheels docker-engine
 	DOCKER_BUILDKIT=1 $(DOCKER) build --network host --build-arg VARIANT=cpu \
 	  --build-arg CPU_BASE_IMAGE=local/debian:bookworm -t eaglebox:cpu .
 
-# The GPU image builds on the digest recorded in docker/base-image.lock (see docker/README.md).
+# The GPU image: the CUDA runtime base by the digest in docker/base-image.lock (docker/pin-base.sh,
+# where a registry is reachable) and the Python closure hash-locked in requirements/gpu.lock.
 image:
-	@grep -q '@sha256:' docker/base-image.lock || { echo "docker/base-image.lock holds no digest: run docker/pin-base.sh on a machine that reaches the registry"; exit 1; }
+	@grep -q '@sha256:[0-9a-f]\{64\}' docker/base-image.lock || { echo "make image: docker/base-image.lock holds no digest ($$(cat docker/base-image.lock)): run docker/pin-base.sh on a machine that reaches the registry, review the diff, then make image" >&2; exit 1; }
+	@grep -q -- '--hash=sha256:' requirements/gpu.lock || { echo "make image: requirements/gpu.lock holds no hashes: run make gpu-lock" >&2; exit 1; }
 	DOCKER_BUILDKIT=1 $(DOCKER) build --build-arg BASE_IMAGE=$$(cat docker/base-image.lock) -t eaglebox:gpu .
+
+# Re-resolve the GPU closure with hashes (uv pip compile; resolution only, ~15 s).
+gpu-lock: | $(STAMP)
+	$(BIN)/pip install -q uv==0.13.8
+	docker/lock-gpu.sh $(BIN)/uv
+
+# What CI builds of the GPU image: download the hash-locked closure (pip --require-hashes) and check
+# sm_120 code in torch / sglang-kernel / flashinfer. Several GB into .cache/gpu-wheels.
+gpu-closure-check: | $(STAMP)
+	PIP_CERT=$${PIP_CERT:-$$( [ -f /etc/ssl/certs/ca-certificates.crt ] && echo /etc/ssl/certs/ca-certificates.crt)} \
+	  docker/gpu-closure-check.sh $(BIN)/pip .cache/gpu-wheels
+
+# The target's healthcheck start_period comes from the config's engine.startup_timeout_s, read by the
+# image's own `eaglebox config show` (the config as resolved, defaults included).
+START_PERIOD = $$($(COMPOSE) run --rm --no-deps -T target config show /configs/$$(sed -n 's/^EAGLEBOX_CONFIG=\([^ ]*\).*/\1/p' compose/.env) \
+  | sed -n 's/^  startup_timeout_s: \([0-9]*\).*/\1s/p')
 
 extract train:
 	$(COMPOSE) --profile $@ run --rm $@ $(ARGS)
 
 serve:
-	$(COMPOSE) up target
+	EAGLEBOX_START_PERIOD=$(START_PERIOD) $(COMPOSE) up target
 
+# bench: target alone, then target + draft (stop `target` first); bench-served: the running target.
 bench:
 	$(COMPOSE) --profile bench run --rm bench $(ARGS)
+
+bench-served:
+	EAGLEBOX_START_PERIOD=$(START_PERIOD) $(COMPOSE) --profile bench-served run --rm bench-served $(ARGS)
 
 clean:
 	rm -rf runs

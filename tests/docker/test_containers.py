@@ -73,6 +73,47 @@ def test_image_prints_usage_and_runs_as_a_user(cpu_image):
         c.stop()
 
 
+IMPORT_ALL = """
+import importlib, importlib.metadata as md, pkgutil, sys
+import eaglebox, eaglebox_dev
+failed, names = [], []
+for pkg in (eaglebox, eaglebox_dev):
+    for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + ".", onerror=lambda n: failed.append((n, "walk"))):
+        names.append(m.name)
+        try:
+            importlib.import_module(m.name)
+        except BaseException as e:  # every module, nothing skipped silently
+            failed.append((m.name, repr(e)))
+dist = md.distribution("eaglebox")
+print("imported", len(names), "modules; requires", dist.requires)
+sys.exit("failed: %r" % failed if failed else 0)
+"""
+
+
+def test_every_module_imports_from_the_installed_run_time_deps(cpu_image):
+    """Every eaglebox (and eaglebox_dev) module imports in the image: its declared run-time deps and the
+    `dev` extra were installed by the image build, nothing from the test tools."""
+    c = DockerContainer(cpu_image).with_kwargs(entrypoint=["python3", "-c", IMPORT_ALL], network_mode="host")
+    c.start()
+    try:
+        result = c.get_wrapped_container().wait(timeout=300)
+        logs = c.get_wrapped_container().logs().decode(errors="replace")
+    finally:
+        c.stop()
+    assert result["StatusCode"] == 0, logs[-4000:]
+    assert "imported" in logs and int(logs.split("imported ")[1].split()[0]) >= 40, logs[-2000:]
+    # the test tools are an extra, not installed in the image
+    probe = DockerContainer(cpu_image).with_kwargs(
+        entrypoint=["python3", "-c", "import importlib.util as u; print([m for m in ('pytest', 'testcontainers') if u.find_spec(m)])"],
+        network_mode="host")
+    probe.start()
+    try:
+        probe.get_wrapped_container().wait(timeout=120)
+        assert probe.get_wrapped_container().logs().decode().strip() == "[]"
+    finally:
+        probe.stop()
+
+
 SERVED = ["model.path=/models/tiny/target", "serve.draft_path=/data/train/draft",
           "bench.prompts=/models/tiny/data/heldout.jsonl", "bench.num_prompts=2", "bench.max_new_tokens=16",
           "bench.concurrency=[1]", "bench.min_accept_length=1.0"]
@@ -135,9 +176,17 @@ def test_compose_stack_with_cpu_override(cpu_image, loop_dirs, tiny_target, tmp_
                                                                            "output_dir: /data/bench")
     text = text.replace("min_accept_length: 2.0", "min_accept_length: 1.0")  # a 40-step draft; the gate is tested elsewhere
     (configs / "tiny.yaml").write_text(text)
+    (configs / "extract.yaml").write_text((ROOT / "configs" / "tiny-cpu.yaml").read_text()
+                                          .replace("path: .cache/tiny/target", "path: /models/target")
+                                          .replace("dataset: .cache/tiny/data/train.jsonl", "dataset: /data/datasets/chat.jsonl")
+                                          .replace("output_dir: runs/tiny/shards", "output_dir: /data/compose-shards"))
     port = free_port()
     env = tmp_path / "compose.env"
+    datasets = tmp_path / "datasets"  # the user's data sets, mounted as the README says (EAGLEBOX_DATA)
+    datasets.mkdir()
+    subprocess.run(["cp", str(tiny_target.parent / "data" / "train.jsonl"), str(datasets / "chat.jsonl")], check=True)
     env.write_text(f"EAGLEBOX_IMAGE={cpu_image}\nEAGLEBOX_MODELS={models}\nEAGLEBOX_CONFIGS={configs}\n"
+                   f"EAGLEBOX_DATA={datasets}\n"
                    f"EAGLEBOX_CONFIG=tiny.yaml\nEAGLEBOX_PORT={port}\nEAGLEBOX_START_PERIOD=600s\n")
     stack = DockerCompose(str(ROOT / "compose"), compose_file_name=["compose.yaml", "compose.cpu.yaml"],
                           env_file=str(env), services=["target"], wait=True)
@@ -145,7 +194,17 @@ def test_compose_stack_with_cpu_override(cpu_image, loop_dirs, tiny_target, tmp_
     base = [DOCKER, "compose", *project, "--env-file", str(env), "-f", "compose.yaml", "-f", "compose.cpu.yaml"]
     with stack:
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
-        r = subprocess.run([*base, "--profile", "bench", "run", "--rm", "bench"], cwd=ROOT / "compose",
+        r = subprocess.run([*base, "--profile", "bench-served", "run", "--rm", "bench-served"], cwd=ROOT / "compose",
                            capture_output=True, text=True, timeout=900)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert '"accept_length"' in r.stdout
+    # `docker compose run extract` reads the JSONL mounted from EAGLEBOX_DATA at /data/datasets
+    r = subprocess.run([*base, "--profile", "extract", "run", "--rm", "extract", "extract", "--config", "/configs/extract.yaml",
+                        "extract.max_samples=8", "extract.regenerate_max_new_tokens=8", f"engine.port={free_port()}"],
+                       cwd=ROOT / "compose", capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = subprocess.run([*base, "--profile", "extract", "run", "--rm", "--entrypoint", "cat", "extract",
+                          "/data/compose-shards/manifest.json"], cwd=ROOT / "compose", capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0 and json.loads(out.stdout)["samples"] > 0, out.stdout[-2000:] + out.stderr[-2000:]
+    subprocess.run([*base, "down", "--volumes"], cwd=ROOT / "compose", capture_output=True, timeout=120)

@@ -52,6 +52,57 @@ def ttt_mask_mod(T: int, limit: torch.Tensor):
 _compiled_flex = None
 _block_masks: dict = {}
 
+# Flex attention's kernels by the device's shared memory per block (opt-in limit). torch's default
+# Triton configs were tuned on Hopper-class parts (H100/H200: 227 KB a block): they are the H200 path
+# and stay untouched. Blackwell workstation GPUs (SM120: RTX PRO 6000, RTX 5090) allow about 99 KB,
+# where the default backward kernels can run out of shared memory; there the trainer asks for the
+# smaller blocks torch itself suggests on that error (32/64 forward, 32 backward, one stage), and
+# below SMALL_SMEM_BYTES it drops flex for the dense eager reference, :func:`ttt_attention`.
+LARGE_SMEM_BYTES = 160 * 1024
+SMALL_SMEM_BYTES = 64 * 1024
+SMALL_SMEM_KERNEL_OPTIONS = {
+    "fwd_BLOCK_M": 32, "fwd_BLOCK_N": 64, "fwd_num_stages": 1, "fwd_num_warps": 4,
+    "bwd_BLOCK_M1": 32, "bwd_BLOCK_N1": 32, "bwd_BLOCK_M2": 32, "bwd_BLOCK_N2": 32,
+    "bwd_num_stages": 1, "bwd_num_warps": 4,
+}
+_attention_choices: dict = {}
+
+
+def attention_choice(smem_per_block: int | None) -> dict:
+    """The TTT attention kernel for a device that reports ``smem_per_block`` bytes of shared memory
+    per block (None: not reported): ``{"kernel": "flex" | "eager", "kernel_options": dict | None,
+    "smem_per_block": ..., "reason": ...}``. ``kernel_options`` None means torch's defaults."""
+    if smem_per_block is None or smem_per_block >= LARGE_SMEM_BYTES:
+        return {"kernel": "flex", "kernel_options": None, "smem_per_block": smem_per_block,
+                "reason": f"shared memory per block {smem_per_block} >= {LARGE_SMEM_BYTES} (or not reported): "
+                          "torch's default flex blocks"}
+    if smem_per_block >= SMALL_SMEM_BYTES:
+        return {"kernel": "flex", "kernel_options": dict(SMALL_SMEM_KERNEL_OPTIONS), "smem_per_block": smem_per_block,
+                "reason": f"shared memory per block {smem_per_block} < {LARGE_SMEM_BYTES}: small flex blocks"}
+    return {"kernel": "eager", "kernel_options": None, "smem_per_block": smem_per_block,
+            "reason": f"shared memory per block {smem_per_block} < {SMALL_SMEM_BYTES}: dense eager attention"}
+
+
+def device_attention_choice(device: torch.device) -> dict:
+    """:func:`attention_choice` for a CUDA device, from ``shared_memory_per_block_optin``; made once a
+    device and logged (``train: attention ...``); :func:`attention_choices` returns them for the run
+    report."""
+    key = str(device)
+    if key not in _attention_choices:
+        props = torch.cuda.get_device_properties(device)
+        smem = getattr(props, "shared_memory_per_block_optin", None)
+        choice = attention_choice(int(smem) if smem else None)
+        choice.update(device=key, name=props.name, capability=f"{props.major}.{props.minor}")
+        _attention_choices[key] = choice
+        print(f"train: attention {choice['kernel']} on {props.name} (sm_{props.major}{props.minor}): "
+              f"{choice['reason']}", flush=True)
+    return _attention_choices[key]
+
+
+def attention_choices() -> dict:
+    """The choices made so far, by device: what the run report records."""
+    return {k: dict(v) for k, v in _attention_choices.items()}
+
 
 def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
                        valid: torch.Tensor, steps: int) -> torch.Tensor:
@@ -61,14 +112,19 @@ def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
     on the right, so a padding key is only ever seen by padding queries (causal and diagonal keys
     sit at or before the query) and ``valid`` needs no mask here: the block mask depends only on
     the length and the step, and is built once per pair. Compiled on CUDA, eager (a dense
-    reference inside flex) elsewhere."""
+    reference inside flex) elsewhere. On CUDA the kernel follows the device's shared memory per
+    block (:func:`device_attention_choice`): torch's defaults on H100/H200, smaller blocks on SM120
+    workstation GPUs, the dense reference below that."""
     global _compiled_flex
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+    on_gpu = q.device.type == "cuda"
+    choice = device_attention_choice(q.device) if on_gpu else None
+    if choice is not None and choice["kernel"] == "eager":
+        return ttt_attention(q, keys, values, valid, steps)
     B, Hq, T, _ = q.shape
     pad = [keys[0].new_zeros(*keys[0].shape[:2], (steps - len(keys)) * T, keys[0].shape[3])]
     k, v = torch.cat(keys + pad, dim=2), torch.cat(values + pad, dim=2)
-    on_gpu = q.device.type == "cuda"
     key = (T, steps, len(keys), q.device)
     if key not in _block_masks:
         limit = torch.tensor(len(keys) * T, device=q.device)
@@ -77,6 +133,9 @@ def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
     if on_gpu and _compiled_flex is None:
         _compiled_flex = torch.compile(flex_attention, dynamic=False)  # see Eagle3Draft.compile_steps
     fn = _compiled_flex if on_gpu else flex_attention
+    if choice is not None and choice["kernel_options"] is not None:
+        return fn(q, k, v, block_mask=_block_masks[key], enable_gqa=Hq != k.shape[1],
+                  kernel_options=choice["kernel_options"])
     return fn(q, k, v, block_mask=_block_masks[key], enable_gqa=Hq != k.shape[1])
 
 
