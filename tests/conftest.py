@@ -13,10 +13,15 @@ import pytest
 # machine looks like a container itself (/.dockerenv), so talk to the engine as the host.
 os.environ.setdefault("TESTCONTAINERS_RYUK_DISABLED", "true")
 os.environ.setdefault("TESTCONTAINERS_CONNECTION_MODE", "docker_host")
+# SGLang fixes its platform when its modules are first imported (test collection imports some): every
+# SGLang code this suite runs in-process (model classes, the draft class) runs on the CPU engine.
+os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / ".cache" / "tiny"
 TINY_CONFIG = ROOT / "configs" / "tiny-cpu.yaml"
+TINY_MLA = ROOT / ".cache" / "tiny-mla"
+TINY_MLA_CONFIG = ROOT / "configs" / "tiny-mla-cpu.yaml"
 
 
 def free_port() -> int:
@@ -43,6 +48,18 @@ def tiny_target() -> Path:
     if not (TINY / "data" / "heldout.jsonl").exists():
         write_chat_data(TINY / "data")
     return TINY / "target"
+
+
+@pytest.fixture(scope="session")
+def tiny_mla_target() -> Path:
+    """The tiny DeepSeek-V3 (Kimi-shaped) target and its data (``eaglebox tiny --arch deepseek_v3``), cached."""
+    from eaglebox_dev.tiny import write_chat_data
+    from eaglebox_dev.tiny_mla import make_tiny_mla_target
+
+    make_tiny_mla_target(TINY_MLA / "target")
+    if not (TINY_MLA / "data" / "heldout.jsonl").exists():
+        write_chat_data(TINY_MLA / "data")
+    return TINY_MLA / "target"
 
 
 @pytest.fixture(scope="session")

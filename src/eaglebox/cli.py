@@ -20,6 +20,10 @@ STAGES = {
 }
 
 
+TINY_ARCHS = {"llama": Path(".cache/tiny"), "deepseek_v3": Path(".cache/tiny-mla")}
+"""``eaglebox tiny --arch``: the tiny targets and their default directories."""
+
+
 def _stage(name: str):
     """Import lazily: ``eaglebox config show`` must not pay for torch."""
     import importlib
@@ -39,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("config", type=Path)
     c.add_argument("overrides", nargs="*", metavar="key=value")
     t = sub.add_parser("tiny", help="create the tiny CPU chat target and its chat data set (cached)")
-    t.add_argument("--out", type=Path, default=Path(".cache/tiny"))
+    t.add_argument("--arch", choices=sorted(TINY_ARCHS), default="llama",
+                   help="llama (default), or deepseek_v3: Kimi-K2.5's shape (MLA, MoE, yarn, a remote-code tokenizer)")
+    t.add_argument("--out", type=Path, default=None, help="default: .cache/tiny (llama), .cache/tiny-mla (deepseek_v3)")
     return p
 
 
@@ -47,10 +53,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         if args.verb == "tiny":
-            from eaglebox_dev.tiny import make_tiny_target, write_chat_data
+            from eaglebox_dev.tiny import write_chat_data
 
-            make_tiny_target(args.out / "target")
-            paths = write_chat_data(args.out / "data")
+            if args.arch == "deepseek_v3":
+                from eaglebox_dev.tiny_mla import make_tiny_mla_target as make
+            else:
+                from eaglebox_dev.tiny import make_tiny_target as make
+            out = args.out or TINY_ARCHS[args.arch]
+            make(out / "target")
+            paths = write_chat_data(out / "data")
             print(f"tiny data: {paths['train']} and {paths['heldout']}")
             return 0
         if args.verb == "config":

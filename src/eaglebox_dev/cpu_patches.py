@@ -8,6 +8,17 @@ The tree kernel then writes a ``num_draft_tokens**2`` mask that is read as a lon
 attention masks the wrong cells, partly from stale buffer contents, so speculative output drifts
 from greedy and differs between identical requests. Here the mode is ``FULL_MASK`` whenever AMX is
 absent, which makes the Triton verify exact.
+
+**MLA decode in torch.** With the Triton backend on CPU every kernel runs in Triton's interpreter.
+For an MLA target's decode step (one token a request against the latent KV cache) that is one
+interpreted program per request, layer and KV split: about 0.15-0.35 s each on a 2-core machine,
+which made greedy generation on the tiny DeepSeek-V3 target run at ~1 token/s, too slow for
+regeneration and held-out continuations in CI. :func:`mla_decode_attention` computes the same thing
+(softmax(q k^T * scale) v with v the latent part of k, in float32) in torch; it replaces
+``TritonAttnBackend.decode_attention_fwd`` for MLA decode calls without the options it does not
+implement (paging, sinks, soft cap, score mods, KV scales), which still go to the Triton kernel.
+Prefill, where features are captured, stays on SGLang's Triton kernels. Tested against SGLang's
+kernel run by the interpreter (``tests/unit/test_cpu_kernels.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ import os
 from eaglebox.engine.post_import import on_import
 
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
+TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend"
 
 
 def _full_mask_without_amx(module) -> None:
@@ -27,6 +39,48 @@ def _full_mask_without_amx(module) -> None:
     module.default_tree_mask_mode = lambda: module.TreeMaskMode.FULL_MASK
 
 
+def mla_decode_attention(q, k_buffer, o, kv_indptr, kv_indices, sm_scale: float) -> None:
+    """Decode attention over an MLA latent cache, written into ``o`` [batch, heads, Lv]: request ``b``
+    attends over the rows ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`` of ``k_buffer`` [slots, 1, Lk];
+    its values are the first Lv columns of those rows (the latent), as SGLang's kernel reads them."""
+    import torch
+
+    lv, kv_indptr = o.shape[-1], kv_indptr[: q.shape[0] + 1]
+    start, lens = kv_indptr[:-1].long(), (kv_indptr[1:] - kv_indptr[:-1]).long()
+    pos = torch.arange(int(lens.max()) if lens.numel() else 0, device=q.device)
+    valid = pos[None, :] < lens[:, None]  # [batch, longest]
+    rows = kv_indices[(start[:, None] + pos[None, :]).clamp(max=max(kv_indices.numel() - 1, 0))].long()
+    k = k_buffer[rows, 0].float()  # [batch, longest, Lk]
+    scores = torch.einsum("bhd,bsd->bhs", q.float(), k) * sm_scale
+    p = torch.softmax(scores.masked_fill(~valid[:, None, :], float("-inf")), dim=-1)
+    o.copy_(torch.einsum("bhs,bsv->bhv", p, k[..., :lv]).to(o.dtype))
+
+
+def _torch_mla_decode(module) -> None:
+    cls = module.TritonAttnBackend
+    init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        triton_decode = self.decode_attention_fwd
+
+        def decode_attention_fwd(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse,
+                                 num_kv_splits, max_kv_splits, sm_scale, k_scale, v_scale, **kw):
+            plain = (kw.get("has_mla") and kw.get("page_size", 1) == 1 and kw.get("sinks") is None
+                     and not kw.get("logit_cap") and kw.get("xai_temperature_len", -1) <= 0
+                     and kw.get("score_mod") is None and k_scale == 1.0 and v_scale == 1.0
+                     and k_buffer.dim() == 3 and k_buffer.shape[1] == 1 and not q.is_cuda)
+            if not plain:
+                return triton_decode(q, k_buffer, v_buffer, o, kv_indptr, kv_indices, attn_logits, attn_lse,
+                                     num_kv_splits, max_kv_splits, sm_scale, k_scale, v_scale, **kw)
+            mla_decode_attention(q, k_buffer, o, kv_indptr, kv_indices, sm_scale)
+
+        self.decode_attention_fwd = decode_attention_fwd
+
+    cls.__init__ = __init__
+
+
 def install() -> None:
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
         on_import(EAGLE_UTILS, _full_mask_without_amx)
+        on_import(TRITON_BACKEND, _torch_mla_decode)

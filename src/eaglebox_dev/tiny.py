@@ -107,7 +107,8 @@ def write_chat_data(out_dir: Path) -> dict[str, Path]:
     return paths
 
 
-def _train_tokenizer(convs, vocab_size: int):
+def train_tokenizer(convs, vocab_size: int):
+    """A byte-level BPE over the conversations' text, with :data:`SPECIAL` first and the chat template."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -123,37 +124,34 @@ def _train_tokenizer(convs, vocab_size: int):
     return hf
 
 
-def make_tiny_target(out: Path, *, log=print) -> Path:
-    """Create (or reuse) the tiny target in ``out``; returns ``out``."""
-    out = Path(out)
-    stamp = out / "eaglebox-tiny.json"
-    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == RECIPE:
+def is_current(out: Path, recipe: dict, log=print) -> bool:
+    """``out`` holds a target made from ``recipe`` (its ``eaglebox-tiny.json`` says so)."""
+    stamp = Path(out) / "eaglebox-tiny.json"
+    if stamp.exists() and json.loads(stamp.read_text()).get("recipe") == recipe:
         log(f"tiny target: reusing {out}")
-        return out
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+        return True
+    return False
 
-    t0 = time.monotonic()
-    torch.manual_seed(RECIPE["seed"])
-    torch.set_num_threads(2)
-    convs = conversations()["train"]
-    tok = _train_tokenizer(convs, RECIPE["vocab_size"])
+
+def token_stream(tok, convs):
+    """Every conversation rendered by the chat template, concatenated: the language-model corpus."""
+    import torch
+
     ids = []
     for c in convs:
         ids.extend(tok.apply_chat_template(c, tokenize=True, return_dict=False))
-    data = torch.tensor(ids, dtype=torch.long)
-    cfg = LlamaConfig(
-        vocab_size=len(tok), hidden_size=RECIPE["hidden_size"], intermediate_size=RECIPE["intermediate_size"],
-        num_hidden_layers=RECIPE["num_hidden_layers"], num_attention_heads=RECIPE["num_attention_heads"],
-        num_key_value_heads=RECIPE["num_key_value_heads"], max_position_embeddings=2048, rms_norm_eps=1e-5,
-        rope_theta=10000.0, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=RECIPE["lr"], weight_decay=0.0)
-    steps, T, B = RECIPE["steps"], RECIPE["seq_len"], RECIPE["batch_size"]
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=RECIPE["lr"], total_steps=steps, pct_start=0.1)
-    gen = torch.Generator().manual_seed(RECIPE["seed"])
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def train_lm(model, data, recipe: dict, *, log=print) -> float:
+    """Next-token training on random windows of ``data`` (``recipe``: steps, seq_len, batch_size, lr,
+    seed); AdamW with one-cycle LR, gradients clipped at 1. Returns the last step's loss."""
+    import torch
+
+    opt = torch.optim.AdamW(model.parameters(), lr=recipe["lr"], weight_decay=0.0)
+    steps, T, B = recipe["steps"], recipe["seq_len"], recipe["batch_size"]
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=recipe["lr"], total_steps=steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(recipe["seed"])
     model.train()
     for step in range(steps):
         starts = torch.randint(0, len(data) - T - 1, (B,), generator=gen)
@@ -166,16 +164,54 @@ def make_tiny_target(out: Path, *, log=print) -> Path:
         sched.step()
         if step % 50 == 0 or step == steps - 1:
             log(f"tiny target: step {step + 1}/{steps} loss {loss.item():.3f}")
+    return loss.item()
+
+
+def publish(out: Path, recipe: dict, write, *, t0: float, final_loss: float, log=print) -> Path:
+    """Write the target into a temporary sibling (``write(dir)``), stamp it with ``recipe`` and move it
+    to ``out`` in one rename, so an interrupted run never leaves a directory that looks current."""
+    out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
+    tmp.mkdir(parents=True)
+    write(tmp)
     for f in tmp.iterdir():  # readable by the container user too (the weights are written 0600)
         f.chmod(0o644)
     (tmp / "eaglebox-tiny.json").write_text(json.dumps(
-        {"recipe": RECIPE, "final_loss": round(loss.item(), 4), "train_s": round(time.monotonic() - t0, 1)},
+        {"recipe": recipe, "final_loss": round(final_loss, 4), "train_s": round(time.monotonic() - t0, 1)},
         indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
-    log(f"tiny target: wrote {out} in {time.monotonic() - t0:.0f} s (final loss {loss.item():.3f})")
+    log(f"tiny target: wrote {out} in {time.monotonic() - t0:.0f} s (final loss {final_loss:.3f})")
     return out
+
+
+def make_tiny_target(out: Path, *, log=print) -> Path:
+    """Create (or reuse) the tiny target in ``out``; returns ``out``."""
+    out = Path(out)
+    if is_current(out, RECIPE, log):
+        return out
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    t0 = time.monotonic()
+    torch.manual_seed(RECIPE["seed"])
+    torch.set_num_threads(2)
+    convs = conversations()["train"]
+    tok = train_tokenizer(convs, RECIPE["vocab_size"])
+    data = token_stream(tok, convs)
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=RECIPE["hidden_size"], intermediate_size=RECIPE["intermediate_size"],
+        num_hidden_layers=RECIPE["num_hidden_layers"], num_attention_heads=RECIPE["num_attention_heads"],
+        num_key_value_heads=RECIPE["num_key_value_heads"], max_position_embeddings=2048, rms_norm_eps=1e-5,
+        rope_theta=10000.0, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(cfg)
+    loss = train_lm(model, data, RECIPE, log=log)
+
+    def write(d: Path) -> None:
+        model.to(torch.bfloat16).save_pretrained(d, safe_serialization=True)
+        tok.save_pretrained(d)
+
+    return publish(out, RECIPE, write, t0=t0, final_loss=loss, log=log)

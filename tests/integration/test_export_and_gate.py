@@ -68,7 +68,8 @@ def test_export_matches_sglang_llama_eagle3_forward(tiny_shards, tmp_path):
     cfg = json.loads((out / "draft" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"]
     assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 2]
-    assert cfg["eaglebox"]["convention"] == "output_of_layer" and cfg["eaglebox"]["engine_version"] == "0.5.23"
+    assert cfg["eaglebox"]["captured_layer_inputs"] == [1, 2, 3] and cfg["eaglebox"]["engine_version"] == "0.5.23"
+    assert cfg["eaglebox"]["architecture"] == "LlamaForCausalLM" and cfg["head_dim"] == 32
     p = subprocess.run([sys.executable, "-c", PARITY, str(out / "draft"), str(tiny_shards), str(TINY_CONFIG)],
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-3000:]

@@ -115,3 +115,31 @@ def test_tree_build_and_verify_match_sglang_triton_kernels():
     assert out.returncode == 0, out.stderr[-3000:]
     same = json.loads(out.stdout.strip().splitlines()[-1])
     assert same == [True] * 12
+
+
+MLA_DECODE = r"""
+import json, torch
+from sglang.kernels.ops.attention.decode_attention import decode_attention_fwd
+from eaglebox_dev.cpu_patches import mla_decode_attention
+torch.manual_seed(0)
+worst = 0.0
+for lk, lv, seqs in ((288, 256, [7, 60, 33]), (576, 512, [5, 40])):  # the tiny target's and Kimi's latent widths
+    B, H, splits = len(seqs), 4, 8
+    q, kb = torch.randn(B, H, lk), torch.randn(200, 1, lk)
+    indptr = torch.tensor([0] + seqs).cumsum(0).to(torch.int32)
+    indices = torch.randperm(200)[: sum(seqs)].to(torch.int32)
+    ref, ours = torch.zeros(B, H, lv), torch.zeros(B, H, lv)
+    decode_attention_fwd(q, kb, kb[..., :lv], ref, indptr, indices, torch.empty(B, H, splits, lv),
+                         torch.empty(B, H, splits), torch.full((B,), splits, dtype=torch.int32), splits, 0.07, 1.0,
+                         1.0, has_mla=True)
+    mla_decode_attention(q, kb, ours, indptr, indices, 0.07)
+    worst = max(worst, (ref - ours).abs().max().item())
+print(json.dumps(worst))
+"""
+
+
+def test_torch_mla_decode_matches_sglang_triton_decode_kernel():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", MLA_DECODE], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) < 1e-5

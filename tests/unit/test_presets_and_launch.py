@@ -1,12 +1,12 @@
 """The GPU presets cannot run here: they are checked through the SGLang launch commands they produce,
-against SGLang 0.5.23's own lists of valid backends; the serve-time provenance check refuses drafts."""
+against SGLang 0.5.23's own lists of valid backends."""
 
 import json
 
 import pytest
 
 from eaglebox.config import load_config
-from eaglebox.engine.launch import launch_args
+from eaglebox.engine.launch import launch_args, launch_env
 from eaglebox.errors import EagleboxError
 from eaglebox.target.layers import sglang_layer_ids
 
@@ -41,7 +41,8 @@ def test_kimi_preset_names_sm120_backends_and_sglang_layer_ids(tmp_path):
     assert flag(cap, "--attention-backend") == "triton" and "triton" in ATTENTION_BACKEND_CHOICES
     assert flag(cap, "--moe-runner-backend") == "marlin" and "marlin" in MOE_RUNNER_BACKEND_CHOICES
     i = cap.index("--return-aux-hidden-state-layer-ids")
-    assert cap[i + 1 : i + 4] == ["1", "29", "57"]
+    assert cap[i + 1 : i + 4] == ["2", "30", "58"]  # inputs of 2, 30, 58: deepseek_v2 takes them as given
+    assert "--trust-remote-code" in cap  # model.trust_remote_code (Kimi's tokenizer is code)
     assert "--disable-radix-cache" in cap and "--enable-return-aux-hidden-states" in cap
     spec = launch_args(cfg, "speculative")
     assert flag(spec, "--speculative-algorithm") == "EAGLE3"
@@ -68,33 +69,48 @@ def test_cpu_engine_requires_a_token_budget(tmp_path):
         launch_args(cfg, "plain")
 
 
-def test_serving_refuses_a_draft_trained_on_other_layers(tmp_path):
-    import hashlib
+DEEPSEEK_CONFIG = {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 6,
+                   "hidden_size": 64, "num_attention_heads": 4, "q_lora_rank": 48, "kv_lora_rank": 32,
+                   "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 16, "head_dim": 8,
+                   "intermediate_size": 128, "vocab_size": 256, "torch_dtype": "bfloat16"}
+"""DeepSeek-V3's shape as transformers v5 writes it (``head_dim`` is ``qk_rope_head_dim``); no weights."""
 
-    import torch
 
-    from eaglebox.draft.sglang import export_draft
-    from eaglebox.draft.spec import DraftSpec
-    from eaglebox.serve.provenance import check_provenance
-    from eaglebox.shards.spec import capture_spec
-    from eaglebox.train.checkpoint import trainable_state
-    from eaglebox.train.model import Eagle3Draft
+def test_cpu_attention_backend_follows_the_architecture(tmp_path):
+    llama = load_config("configs/tiny-cpu.yaml", [f"model.path={fake_model(tmp_path, LLAMA_CONFIG)}"])
+    assert flag(launch_args(llama, "plain"), "--attention-backend") == "torch_native"
+    assert "TRITON_INTERPRET" not in launch_env(llama, "plain")
+    mla = tmp_path / "mla"
+    mla.mkdir()
+    (mla / "config.json").write_text(json.dumps(DEEPSEEK_CONFIG))
+    cfg = load_config("configs/tiny-cpu.yaml", [f"model.path={mla}", "model.dtype=float32",
+                                                "capture.layer_ids=[1, 2, 3]"])
+    assert flag(launch_args(cfg, "capture", [2, 3, 4]), "--attention-backend") == "triton"
+    assert launch_env(cfg, "capture", tmp_path)["TRITON_INTERPRET"] == "1"
+    with pytest.raises(EagleboxError, match="model.dtype: bfloat16 with the triton attention backend on CPU .*"
+                                            "set model.dtype=float32"):
+        launch_args(load_config("configs/tiny-cpu.yaml", [f"model.path={mla}"]), "plain")
 
-    model = fake_model(tmp_path, {**LLAMA_CONFIG, "num_attention_heads": 4})
-    spec = DraftSpec(hidden_size=64, target_hidden_size=64, num_aux=3, num_attention_heads=4, num_key_value_heads=2,
-                     head_dim=16, intermediate_size=96, vocab_size=100, draft_vocab_size=10, rms_norm_eps=1e-5,
-                     rope_theta=1e4, rope_scaling=None, max_position_embeddings=128)
-    sha = hashlib.sha256((model / "config.json").read_bytes()).hexdigest()
-    prov = {"engine": "sglang", "engine_version": "0.5.23", "layer_ids": [2, 16, 29], "convention": "output_of_layer",
-            "target_config_sha256": sha, "quantization": None}
-    draft = export_draft(tmp_path / "draft", spec, trainable_state(Eagle3Draft(spec)), prov, torch.float32)
-    cfg = load_config("configs/llama-3.1-8b-1gpu.yaml", [f"model.path={model}", f"serve.draft_path={draft}"])
-    with pytest.raises(EagleboxError, match=r"layer_ids: draft \[2, 16, 29\] vs serving \[1, 15, 28\]"):
-        check_provenance(cfg, capture_spec(cfg))
-    ok = load_config("configs/llama-3.1-8b-1gpu.yaml", [f"model.path={model}", f"serve.draft_path={draft}",
-                                                        "capture.layer_ids=[3, 17, 30]"])
-    ok_spec = capture_spec(ok)
-    assert check_provenance(ok, ok_spec)["mismatches"] == []
-    (draft / "model.safetensors").unlink()
-    with pytest.raises(EagleboxError, match="model.safetensors"):
-        check_provenance(ok, ok_spec)
+
+def test_torch_native_with_an_mla_target_is_refused_before_the_server_starts(tmp_path, monkeypatch):
+    import eaglebox.stages.extract as stage
+
+    mla = tmp_path / "mla"
+    mla.mkdir()
+    (mla / "config.json").write_text(json.dumps(DEEPSEEK_CONFIG))
+    monkeypatch.setattr(stage, "server_for", lambda *a, **k: pytest.fail("a server was built"))
+    cfg = load_config("configs/tiny-cpu.yaml", [f"model.path={mla}", "model.dtype=float32", "capture.layer_ids=[1, 2, 3]",
+                                                "engine.attention_backend=torch_native",
+                                                f"extract.output_dir={tmp_path / 'shards'}"])
+    with pytest.raises(EagleboxError, match=r"engine.attention_backend: torch_native computes DeepseekV3ForCausalLM's "
+                                            r"MLA attention wrongly on CPU .* set it to triton"):
+        stage.run(cfg)
+    assert not (tmp_path / "shards").exists()
+
+
+def test_engine_extra_args_may_not_carry_flags_with_keys(tmp_path):
+    from eaglebox.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"engine.extra_args: .*--kv-cache-dtype has its own key, "
+                                          r"engine.kv_cache_dtype"):
+        load_config("configs/tiny-cpu.yaml", ['engine.extra_args=["--kv-cache-dtype=fp8_e4m3"]'])

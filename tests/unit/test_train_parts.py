@@ -122,8 +122,13 @@ def test_compiled_steps_keep_one_static_entry_per_padded_length_past_torchs_limi
 
 def test_training_where_sglang_is_absent_is_refused_naming_the_captured_version(tmp_path):
     """Without SGLang installed there is no serving engine to check the shards against."""
-    header = {"engine": "sglang", "engine_version": "0.5.23", "layer_ids": [0, 1, 2], "convention": "output_of_layer",
-              "hidden_size": 128, "dtype": "bfloat16", "target_config_sha256": "ab"}
+    header = {"engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_ids": [0, 1, 2],
+              "captured_layer_inputs": [1, 2, 3], "hidden_size": 128, "dtype": "bfloat16",
+              "target": {"config_sha256": "ab", "weights_sha256": "cd"}, "engine_options": {"tp": 1}}
     check_header(header, header, tmp_path)
     with pytest.raises(EagleboxError, match=r"captured with SGLang 0\.5\.23, and SGLang is not installed here"):
         check_header(header, {**header, "engine_version": NOT_INSTALLED}, tmp_path)
+    other = {**header, "target": {"config_sha256": "ab", "weights_sha256": "ef"}}
+    with pytest.raises(EagleboxError, match=r"shards have target=\{'weights_sha256': 'cd'\}, the config implies "
+                                            r"\{'weights_sha256': 'ef'\}"):
+        check_header(header, other, tmp_path)

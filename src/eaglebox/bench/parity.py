@@ -1,8 +1,9 @@
 """The parity oracle: captured features against an independent HF transformers forward (fp32).
 
 For each captured aux layer it reports the cosine and max relative error against every reference
-residual stream, and which one matches best. A correct capture matches the layer its id names and
-beats the neighbours; an off-by-one convention or another engine's kernels show up as numbers.
+residual stream, and which one matches best. A correct capture matches the layer input the capture
+spec says SGLang hooks (``captured_layer_inputs``; HF's ``hidden_states[i]`` is the input of layer
+``i``) and beats the neighbours; an off-by-one rule or another engine's kernels show up as numbers.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import torch
 
 from eaglebox.shards.format import ShardReader
-from eaglebox.target.layers import hf_hidden_state_index
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -21,13 +21,15 @@ def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
-def parity_report(shards_dir, model_path, num_samples: int = 8) -> dict:
+def parity_report(shards_dir, model_path, num_samples: int = 8, trust_remote_code: bool = False) -> dict:
+    """``trust_remote_code``: ``model.trust_remote_code`` (a model whose modeling code ships with it)."""
     from transformers import AutoModelForCausalLM
 
     reader = ShardReader(shards_dir)
     spec = reader.header
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    H, ids_sglang = spec["hidden_size"], spec["layer_ids"]
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
+                                                 trust_remote_code=trust_remote_code).eval()
+    H = spec["hidden_size"]
     refs, caps, lasts, ref_last = [], [], [], []
     with torch.no_grad():
         for i in range(min(num_samples, len(reader))):
@@ -39,12 +41,11 @@ def parity_report(shards_dir, model_path, num_samples: int = 8) -> dict:
             lasts.append(s["last"].float())
     ref, cap = torch.cat(refs, 1), torch.cat(caps)
     layers = []
-    for c, sid in enumerate(ids_sglang):
+    for c, (sid, expected) in enumerate(zip(spec["layer_ids"], spec["captured_layer_inputs"])):
         got = cap[:, c * H : (c + 1) * H]
         scores = [_cos(got, ref[k]) for k in range(ref.shape[0])]
-        expected = hf_hidden_state_index(sid)
         layers.append({
-            "layer_id": sid, "convention": spec["convention"], "reference_index": expected,
+            "layer_id": sid, "reference_index": expected,
             "cos": round(scores[expected], 6), "max_rel_err": round(_max_rel(got, ref[expected]), 6),
             "best_reference_index": int(max(range(len(scores)), key=scores.__getitem__)),
             "cos_by_reference_index": [round(x, 6) for x in scores],

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from eaglebox.target.layers import CONVENTIONS, Convention
 
@@ -26,6 +26,13 @@ class ModelConfig(Section):
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "bfloat16"
     quantization: str | None = None
     """Passed to SGLang as --quantization; None lets SGLang read it from the checkpoint."""
+    dp: int = Field(1, ge=1)
+    """SGLang's --dp-size."""
+    ep: int = Field(1, ge=1)
+    """SGLang's --ep-size (expert parallelism)."""
+    trust_remote_code: bool = False
+    """Run code shipped with the model (Kimi-K2.5's tokenizer): the tokenizer loads with it and SGLang
+    gets --trust-remote-code."""
 
 
 class CaptureConfig(Section):
@@ -41,6 +48,18 @@ class CaptureConfig(Section):
         return self
 
 
+KEYED_FLAGS = {
+    **dict.fromkeys(("--model-path", "--model"), "model.path"),
+    **dict.fromkeys(("--tp", "--tp-size", "--tensor-parallel-size"), "model.tp"),
+    **dict.fromkeys(("--dp", "--dp-size", "--data-parallel-size"), "model.dp"),
+    **dict.fromkeys(("--ep", "--ep-size", "--expert-parallel-size"), "model.ep"),
+    "--dtype": "model.dtype", "--quantization": "model.quantization", "--trust-remote-code": "model.trust_remote_code",
+    "--device": "engine.device", "--attention-backend": "engine.attention_backend",
+    "--moe-runner-backend": "engine.moe_runner_backend", "--kv-cache-dtype": "engine.kv_cache_dtype",
+}
+"""SGLang flags that ``engine.extra_args`` may not carry: eaglebox sets them from these keys."""
+
+
 class EngineConfig(Section):
     """SGLang launch settings shared by extraction and serving."""
 
@@ -50,12 +69,24 @@ class EngineConfig(Section):
     attention_backend: str | None = None
     """None lets SGLang choose; SM120 presets name one explicitly."""
     moe_runner_backend: str | None = None
+    kv_cache_dtype: str | None = None
+    """SGLang's --kv-cache-dtype; None: the model dtype."""
     mem_fraction_static: float | None = Field(None, gt=0, le=1)
     max_total_tokens: int | None = Field(None, ge=1)
     chunked_prefill_size: int | None = None
     extra_args: list[str] = []
     env: dict[str, str] = {}
     startup_timeout_s: float = Field(900, gt=0)
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_keyed_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if flag in KEYED_FLAGS:
+                raise ValueError(f"{flag} has its own key, {KEYED_FLAGS[flag]}, which the capture spec records "
+                                 "(features and serving are compared by it); set that key instead")
+        return args
 
 
 class ExtractConfig(Section):
@@ -83,6 +114,12 @@ class ExtractConfig(Section):
     waits for the writer: bounds host memory in bytes, whatever the sample lengths."""
 
 
+ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "original_max_position_embeddings", "low_freq_factor",
+             "high_freq_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor",
+             "attn_factor", "extrapolation_factor", "truncate", "partial_rotary_factor"}
+"""Keys of a default, llama3 or yarn RoPE block that transformers or SGLang read."""
+
+
 class DraftConfig(Section):
     """Draft shape overrides; None takes the target's value."""
 
@@ -90,6 +127,18 @@ class DraftConfig(Section):
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
     draft_vocab_size: int = Field(32000, ge=1)
+    rope_scaling: dict | None = None
+    """Replaces the RoPE block the draft copies from the target (e.g. ``{"rope_type": "default"}``), for
+    a target block that the trainer and SGLang's draft class would read differently."""
+
+    @field_validator("rope_scaling")
+    @classmethod
+    def _known_rope_keys(cls, rope: dict | None) -> dict | None:
+        unknown = sorted(set(rope or {}) - ROPE_KEYS)
+        if unknown:
+            raise ValueError(f"unknown keys {unknown}: neither the trainer nor SGLang reads them "
+                             f"(known: {sorted(ROPE_KEYS)})")
+        return rope
 
 
 class TrainConfig(Section):
@@ -121,6 +170,10 @@ class TrainConfig(Section):
     and optimizer state, for drafts too wide to replicate."""
 
 
+EngineOption = Literal["quantization", "dtype", "attention_backend", "moe_runner_backend", "kv_cache_dtype",
+                       "tp", "dp", "ep"]
+
+
 class ServeConfig(Section):
     draft_path: Path | None = None
     """Exported draft directory; None serves the target alone."""
@@ -130,6 +183,9 @@ class ServeConfig(Section):
     draft_attention_backend: str | None = None
     draft_quantization: str = "unquant"
     allow_provenance_mismatch: bool = False
+    allow_engine_differences: list[EngineOption] = []
+    """Engine options (as the capture spec records them) that may differ between the capture the draft
+    was trained on and this serving launch; any other difference is refused."""
 
 
 class BenchConfig(Section):

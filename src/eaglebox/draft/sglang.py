@@ -3,8 +3,9 @@
 ``config.json`` names only keys SGLang reads; options it would silently ignore (``norm_before_residual``,
 ``norm_before_fc``, ``fc_norm``, ``norm_output``, biases, several layers) are never written, and
 :func:`check_export` refuses a directory that has them. An ``eaglebox`` block records where the
-features came from (engine, version, layer ids and convention, data manifest digest): serving
-compares it with the target before it starts.
+features came from (engine, version, the ids SGLang was given and the layers it hooked, the target's
+fingerprint, the engine options, data manifest digest): serving compares it with the target before
+it starts.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ from safetensors.torch import save_file
 from eaglebox.draft.spec import DraftSpec
 from eaglebox.errors import EagleboxError
 from eaglebox.shards.format import ShardReader, manifest_digest
-from eaglebox.target.layers import SGLANG_CONVENTION
 
 SERVING_KEYS = {
     "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
@@ -34,14 +34,15 @@ SERVING_KEYS = {
 IGNORED_BY_SGLANG = ("norm_before_residual", "norm_before_fc", "fc_norm", "use_aux_norm", "norm_output",
                      "attention_bias", "mlp_bias", "bias")
 
+PROVENANCE_KEYS = ("engine", "engine_version", "architecture", "layer_rule", "layer_ids", "captured_layer_inputs",
+                   "target", "engine_options")
+"""What a draft keeps of the capture spec of its features (``shards/spec.py``)."""
+
 
 def provenance(reader: ShardReader, cfg) -> dict:
     """The ``eaglebox`` block of a draft trained on ``reader``'s shards."""
     h = reader.header
-    return {"engine": h["engine"], "engine_version": h["engine_version"], "layer_ids": h["layer_ids"],
-            "convention": SGLANG_CONVENTION, "captured_layer_inputs": h["captured_layer_inputs"],
-            "target_config_sha256": h["target_config_sha256"], "target_dtype": h["dtype"],
-            "quantization": h.get("quantization"), "shards_digest": manifest_digest(reader.manifest),
+    return {**{k: h[k] for k in PROVENANCE_KEYS}, "shards_digest": manifest_digest(reader.manifest),
             "samples": len(reader), "ttt_length": cfg.train.ttt_length}
 
 
@@ -106,6 +107,9 @@ def check_export(path: Path) -> dict:
     if bad or cfg.get("num_hidden_layers") != 1:
         raise EagleboxError(f"{path}: config sets {bad or 'num_hidden_layers != 1'}, which SGLang 0.5.23's "
                             "LlamaForCausalLMEagle3 ignores or trains differently")
+    if not isinstance(cfg.get("head_dim"), int):
+        raise EagleboxError(f"{path}: config.json has no head_dim; SGLang would take hidden_size // "
+                            "num_attention_heads, which need not be the width the draft was trained with")
     if cfg.get("tie_word_embeddings"):
         raise EagleboxError(f"{path}: tie_word_embeddings would make SGLang use the embedding as lm_head")
     try:

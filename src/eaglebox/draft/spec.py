@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from eaglebox.draft.rope import rope_mismatches
 from eaglebox.errors import EagleboxError
-from eaglebox.target.config import text_config
+from eaglebox.target.config import is_mla, read_target_config
 
 
 @dataclass(frozen=True)
@@ -30,20 +31,40 @@ class DraftSpec:
 
 
 def draft_spec(model_path: Path, draft_cfg, num_aux: int) -> DraftSpec:
-    """The target's shape and RoPE, with the heads and widths ``draft_cfg`` (``train.draft``) overrides."""
-    t = text_config(model_path)
+    """The target's shape and RoPE, with the heads, widths and RoPE ``draft_cfg`` (``train.draft``) overrides.
+
+    ``head_dim`` is always explicit in the draft config (SGLang's draft class takes ``head_dim``, else
+    ``hidden_size // num_attention_heads``): the target's when the draft keeps its heads, except for an
+    MLA target, whose ``head_dim`` (when present: transformers v5 writes ``qk_rope_head_dim`` there) is
+    no attention head width.
+    """
+    hf = read_target_config(model_path)
+    t, prefix = (hf["text_config"], "text_config.") if "text_config" in hf else (hf, "")
     H = int(t["hidden_size"])
     target_heads = int(t["num_attention_heads"])
     heads = draft_cfg.num_attention_heads or target_heads
     kv = draft_cfg.num_key_value_heads or int(t.get("num_key_value_heads", heads))
-    # the target's head_dim unless the draft names its own head count
-    head_dim = H // heads if draft_cfg.num_attention_heads else int(t.get("head_dim") or H // target_heads)
+    if draft_cfg.num_attention_heads or is_mla(model_path):
+        head_dim = H // heads
+    else:
+        head_dim = int(t.get("head_dim") or H // target_heads)
     if heads % kv:
         raise EagleboxError(f"train.draft: {heads} attention heads are not a multiple of {kv} KV heads")
-    rope = t.get("rope_parameters") or t.get("rope_scaling")
-    theta = float(t.get("rope_theta") or (rope or {}).get("rope_theta") or 10000.0)
+    key = "rope_parameters" if t.get("rope_parameters") else "rope_scaling"
+    target_rope = t.get(key) or {}
+    if draft_cfg.rope_scaling is not None:
+        rope, where = dict(draft_cfg.rope_scaling), "train.draft.rope_scaling"
+    else:
+        rope, where = dict(target_rope) or None, f"{Path(model_path) / 'config.json'}: {prefix}{key}"
+    theta = float((rope or {}).get("rope_theta") or target_rope.get("rope_theta") or t.get("rope_theta") or 10000.0)
     if rope and rope.get("rope_type", rope.get("type")) == "default":
         rope = None
+    bad = rope_mismatches(rope) if rope else []
+    if bad:
+        raise EagleboxError(f"{where}: the trainer (transformers) and SGLang 0.5.23's LlamaForCausalLMEagle3 would "
+                            "apply different RoPE to the draft: " + "; ".join(bad) + ". Set train.draft.rope_scaling "
+                            "to a block both read alike (the draft's RoPE need not be the target's), e.g. "
+                            '{"rope_type": "default"}')
     return DraftSpec(
         hidden_size=H, target_hidden_size=H, num_aux=num_aux, num_attention_heads=heads,
         num_key_value_heads=kv, head_dim=head_dim,

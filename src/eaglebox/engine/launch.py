@@ -5,9 +5,10 @@
   would return only the uncached suffix), the eaglebox hook writing features to disk.
 - ``speculative``: target + draft with ``--speculative-algorithm EAGLE3``.
 
-All three share :func:`base_args`: the same engine flags capture the features and serve the draft.
-Capture takes the layer ids the command computed (``capture_spec(cfg)["layer_ids"]``); nothing here
-reads the target.
+All three share :func:`base_args`: the same engine flags capture the features and serve the draft;
+:func:`hidden_state_options` is what of them the capture spec records. Capture takes the layer ids
+the command computed (``capture_spec(cfg)["layer_ids"]``); the target is read only for its
+attention kind (the CPU backend) and dtype.
 """
 
 from __future__ import annotations
@@ -16,8 +17,40 @@ from pathlib import Path
 from typing import Literal
 
 from eaglebox.config import Config
+from eaglebox.errors import EagleboxError
+from eaglebox.target.config import architecture, is_mla, target_dtype
 
 Mode = Literal["plain", "capture", "speculative"]
+
+
+def attention_backend(cfg: Config) -> str | None:
+    """``engine.attention_backend``, or on CPU the backend that computes the target's attention
+    correctly: ``torch_native``, or ``triton`` (run by Triton's interpreter, exact in float32) for MLA,
+    whose latent KV cache ``torch_native`` reads as plain heads (captured features at cos ~0.1 with
+    HF, and SGLang serves on without a warning). None on CUDA lets SGLang choose."""
+    e, m = cfg.engine, cfg.model
+    if e.device != "cpu" or not is_mla(m.path):
+        return e.attention_backend or ("torch_native" if e.device == "cpu" else None)
+    backend = e.attention_backend or "triton"
+    arch = architecture(m.path)
+    if backend == "torch_native":
+        raise EagleboxError(f"engine.attention_backend: torch_native computes {arch}'s MLA attention wrongly on CPU "
+                            "(SGLang 0.5.23 runs plain-head attention over the latent KV cache: captured features "
+                            "at cos ~0.1 with the HF forward, and no warning); leave engine.attention_backend unset "
+                            "or set it to triton, with model.dtype=float32")
+    dtype = target_dtype(m.path, m.dtype)
+    if backend == "triton" and dtype != "float32":
+        raise EagleboxError(f"model.dtype: {dtype} with the triton attention backend on CPU ({arch} is MLA): "
+                            "Triton's interpreter is exact in float32 only; set model.dtype=float32")
+    return backend
+
+
+def hidden_state_options(cfg: Config) -> dict:
+    """The launch options that change the target's hidden states, as the capture spec records them."""
+    e, m = cfg.engine, cfg.model
+    return {"quantization": m.quantization, "dtype": target_dtype(m.path, m.dtype),
+            "attention_backend": attention_backend(cfg), "moe_runner_backend": e.moe_runner_backend,
+            "kv_cache_dtype": e.kv_cache_dtype, "tp": m.tp, "dp": m.dp, "ep": m.ep}
 
 
 def base_args(cfg: Config) -> list[str]:
@@ -26,12 +59,17 @@ def base_args(cfg: Config) -> list[str]:
             "--dtype", m.dtype, "--device", e.device]
     if m.quantization:
         args += ["--quantization", m.quantization]
+    if m.trust_remote_code:
+        args.append("--trust-remote-code")
     if e.device == "cpu":
         args += ["--disable-cuda-graph", "--sleep-on-idle"]
         if e.max_total_tokens is None:
             raise ValueError("engine.max_total_tokens: required on CPU (SGLang would take most of the RAM)")
-    for flag, value in (("--attention-backend", e.attention_backend or ("torch_native" if e.device == "cpu" else None)),
+    for flag, value in (("--attention-backend", attention_backend(cfg)),
+                        ("--dp-size", m.dp if m.dp > 1 else None),
+                        ("--ep-size", m.ep if m.ep > 1 else None),
                         ("--moe-runner-backend", e.moe_runner_backend),
+                        ("--kv-cache-dtype", e.kv_cache_dtype),
                         ("--mem-fraction-static", e.mem_fraction_static),
                         ("--max-total-tokens", e.max_total_tokens),
                         ("--chunked-prefill-size", e.chunked_prefill_size)):
@@ -66,6 +104,8 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict
     env = dict(cfg.engine.env)
     if cfg.engine.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
+        if attention_backend(cfg) == "triton":  # Triton's kernels run on CPU only through its interpreter
+            env.setdefault("TRITON_INTERPRET", "1")
     if mode == "capture":
         if capture_dir is None:
             raise ValueError("capture mode needs a capture directory")

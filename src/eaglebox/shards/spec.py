@@ -9,8 +9,10 @@ from __future__ import annotations
 import importlib.metadata
 
 from eaglebox.config import Config
-from eaglebox.target.config import config_sha256, target_dtype, text_config
-from eaglebox.target.layers import SGLANG_CONVENTION, convert_layer_ids, sglang_layer_ids
+from eaglebox.engine.launch import hidden_state_options
+from eaglebox.target.config import target_dtype, text_config
+from eaglebox.target.fingerprint import target_fingerprint
+from eaglebox.target.layers import captured_inputs, layer_rule, sglang_layer_ids
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 NOT_INSTALLED = "not-installed"  # engine_version where SGLang is absent
@@ -25,20 +27,25 @@ def engine_version() -> str:
 
 
 def capture_spec(cfg: Config) -> dict:
+    """``layer_ids``: what SGLang is given (capture flag, draft config); ``captured_layer_inputs``: the
+    layers whose inputs the target class then hooks, by its architecture's rule (the capture hook
+    reads the running model's and the client compares); ``target``: the target's fingerprint;
+    ``engine_options``: the launch options that change hidden states."""
     text = text_config(cfg.model.path)
+    arch, rule = layer_rule(cfg.model.path)
     ids = sglang_layer_ids(cfg)
     dtype = target_dtype(cfg.model.path, cfg.model.dtype)
     return {
         "engine": "sglang",
         "engine_version": engine_version(),
+        "architecture": arch,
+        "layer_rule": rule,
         "layer_ids": ids,
-        "convention": SGLANG_CONVENTION,
-        "captured_layer_inputs": convert_layer_ids(ids, SGLANG_CONVENTION, "input_of_layer"),
+        "captured_layer_inputs": captured_inputs(rule, ids, int(text["num_hidden_layers"])),
         "hidden_size": int(text["hidden_size"]),
         "num_layers": int(text["num_hidden_layers"]),
         "dtype": dtype,
         "dtype_bytes": DTYPE_BYTES[dtype],
-        "quantization": cfg.model.quantization,
-        "tp": cfg.model.tp,
-        "target_config_sha256": config_sha256(cfg.model.path),
+        "target": target_fingerprint(cfg.model.path),
+        "engine_options": hidden_state_options(cfg),
     }

@@ -16,16 +16,15 @@ def heldout_prompts(cfg, tokenizer) -> list[list[int]]:
 
 
 def run(cfg) -> int:
-    from transformers import AutoTokenizer
-
     from eaglebox.bench.served import bench_served
     from eaglebox.serve.provenance import check_provenance
     from eaglebox.shards.spec import capture_spec
+    from eaglebox.target.tokenizer import load_tokenizer
 
     if cfg.serve.draft_path is None or cfg.bench.prompts is None:
         raise EagleboxError("serve.draft_path and bench.prompts: required to bench")
     check_provenance(cfg, capture_spec(cfg))
-    prompts = heldout_prompts(cfg, AutoTokenizer.from_pretrained(cfg.model.path))
+    prompts = heldout_prompts(cfg, load_tokenizer(cfg))
     r = bench_served(cfg, prompts, Path(cfg.bench.output_dir))
     a = r["acceptance"]
     print(json.dumps({"sglang": r["engine_version"], "accept_length": a["accept_length"],

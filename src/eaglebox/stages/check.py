@@ -39,14 +39,13 @@ def export_random_draft(cfg, out: Path) -> Path:
 
 
 def run_gate(cfg, log=print) -> dict:
-    from transformers import AutoTokenizer
-
     from eaglebox.bench.offline import evaluate_draft
     from eaglebox.extract.client import Client, capture, prepare
     from eaglebox.extract.collect import collect
     from eaglebox.shards.spec import capture_spec
     from eaglebox.stages.bench import heldout_prompts
     from eaglebox.stages.extract import capture_server, staging_dir
+    from eaglebox.target.tokenizer import load_tokenizer
     from eaglebox.target.weights import load_embed_and_head
     from eaglebox.train.loop import run_train
 
@@ -55,7 +54,7 @@ def run_gate(cfg, log=print) -> dict:
     if cfg.bench.prompts is None or cfg.bench.min_accept_length is None:
         raise EagleboxError("bench.prompts and bench.min_accept_length: required by the gate")
     spec = capture_spec(cfg)
-    tok = AutoTokenizer.from_pretrained(cfg.model.path)
+    tok = load_tokenizer(cfg)
     plan = prepare(cfg, spec, tok, log)
     prompts = heldout_prompts(cfg, tok)
     out = Path(cfg.bench.output_dir)

@@ -24,21 +24,20 @@ def capture_server(cfg, spec: dict, log_path: Path):
 
 
 def run(cfg) -> int:
-    from transformers import AutoTokenizer
-
     from eaglebox.extract.client import capture, prepare
+    from eaglebox.target.tokenizer import load_tokenizer
 
     if cfg.extract.dataset is None:
         raise EagleboxError("extract.dataset: required")
     spec = capture_spec(cfg)
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
+    tokenizer = load_tokenizer(cfg)
     plan = prepare(cfg, spec, tokenizer)
     out = Path(cfg.extract.output_dir)
     log_path = out.parent / f"{out.name}-server.log"
     staging = staging_dir(cfg)
     srv = capture_server(cfg, spec, log_path)
-    print(f"extract: starting SGLang {spec['engine_version']} (capture layers {spec['layer_ids']}, "
-          f"{spec['convention']}); log {log_path}")
+    print(f"extract: starting SGLang {spec['engine_version']} (layer ids {spec['layer_ids']}: {spec['architecture']} "
+          f"hooks the inputs of layers {spec['captured_layer_inputs']}); log {log_path}")
     with srv:
         print(f"extract: server healthy after {srv.startup_s:.1f} s")
         manifest = capture(cfg, srv.url, spec, tokenizer, plan, staging, alive=srv.alive)

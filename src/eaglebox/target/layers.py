@@ -1,29 +1,61 @@
-"""Aux-layer id conventions, the one function that converts between them, and the one that picks
-the layers a run captures.
+"""Which aux layers a run captures, and which ids ask SGLang 0.5.23 for them.
 
-Two conventions name the same physical tensor with ids that differ by one:
+The user names the layers they mean (``capture.layer_ids`` in ``capture.convention``):
 
-- ``output_of_layer`` (SGLang): ``set_eagle3_layers_to_capture([i])`` captures the residual stream
-  *leaving* decoder layer ``i`` (it hooks the input of layer ``i + 1``). SGLang draft configs
-  (``eagle_aux_hidden_state_layer_ids``) use this convention.
-- ``input_of_layer`` (vLLM runtime, the EAGLE reference trainer): id ``i`` is the residual stream
-  *entering* layer ``i``, i.e. the output of layer ``i - 1``.
+- ``output_of_layer``: id ``i`` is the residual stream *leaving* decoder layer ``i``;
+- ``input_of_layer`` (vLLM, the EAGLE reference): id ``i`` is the stream *entering* layer ``i``.
 
-Every artifact eaglebox writes records the convention next to the ids. Code never adds or subtracts
-one by hand: it calls :func:`convert_layer_ids`. A command computes its ids once, with
-:func:`sglang_layer_ids` (through the capture spec, :func:`eaglebox.shards.spec.capture_spec`), and
-passes them on.
+SGLang's models hook *inputs* of layers (``model.layers_to_capture``; HF's ``hidden_states[i]``), so
+eaglebox reasons in inputs. What SGLang is *given* (``--return-aux-hidden-state-layer-ids`` and the
+draft config's ``eagle_aux_hidden_state_layer_ids``, both passed to the target class's
+``set_eagle3_layers_to_capture``) turns into inputs by a rule that differs per architecture
+(:data:`SGLANG_RULES`, tested against SGLang's classes in ``tests/unit/test_layer_rules.py``):
+
+- ``plus_one``: hooks ``i + 1`` for every id (llama, qwen2/3, most models);
+- ``first_is_one``: hooks ``i + 1`` when the first id is 1, else the ids as given (deepseek_v2/v3,
+  Kimi-K2.5, glm4_moe_lite);
+- ``pass_at_num_layers``: the ids as given when ``max(ids) == num_layers``, else ``i + 1`` (gpt_oss).
+
+:func:`sglang_layer_ids` inverts the rule; it is the only function that picks the ids, and each
+command calls it once (through the capture spec, :func:`eaglebox.shards.spec.capture_spec`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from eaglebox.target.config import num_layers
+from eaglebox.errors import EagleboxError
+from eaglebox.target.config import architecture, num_layers
 
 Convention = Literal["output_of_layer", "input_of_layer"]
-SGLANG_CONVENTION: Convention = "output_of_layer"
 CONVENTIONS: tuple[Convention, ...] = ("output_of_layer", "input_of_layer")
+Rule = Literal["plus_one", "first_is_one", "pass_at_num_layers"]
+
+RULES_SGLANG_VERSION = "0.5.23"
+SGLANG_RULES: dict[str, tuple[str, Rule]] = {
+    "LlamaForCausalLM": ("llama", "plus_one"),
+    "MistralForCausalLM": ("mistral", "plus_one"),
+    "Qwen2ForCausalLM": ("qwen2", "plus_one"),
+    "Qwen2MoeForCausalLM": ("qwen2_moe", "plus_one"),
+    "Qwen3ForCausalLM": ("qwen3", "plus_one"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "plus_one"),
+    "Glm4MoeForCausalLM": ("glm4_moe", "plus_one"),
+    "DeepseekV2ForCausalLM": ("deepseek_v2", "first_is_one"),
+    "DeepseekV3ForCausalLM": ("deepseek_v2", "first_is_one"),
+    "KimiK25ForConditionalGeneration": ("kimi_k25", "first_is_one"),
+    "Glm4MoeLiteForCausalLM": ("glm4_moe_lite", "first_is_one"),
+    "GptOssForCausalLM": ("gpt_oss", "pass_at_num_layers"),
+}
+"""HF architecture (``config.json`` ``architectures[0]``) -> (the module under ``sglang.srt.models``
+that defines its class, the rule of its ``set_eagle3_layers_to_capture`` in SGLang 0.5.23)."""
+
+RULE_TEXT: dict[Rule, str] = {
+    "plus_one": "hooks the input of layer i + 1 for every id i",
+    "first_is_one": "hooks the inputs of layers i + 1 when the first id is 1, and of the ids as given otherwise",
+    "pass_at_num_layers": "hooks the inputs of the ids as given when their largest is the layer count, "
+                          "and of i + 1 otherwise",
+}
 
 _OFFSET = {"output_of_layer": 0, "input_of_layer": 1}
 
@@ -37,49 +69,68 @@ def convert_layer_ids(ids: list[int], src: Convention, dst: Convention) -> list[
     return [i + shift for i in ids]
 
 
-def hf_hidden_state_index(sglang_id: int) -> int:
-    """Index into HF ``output_hidden_states`` of the tensor SGLang captures for ``sglang_id``.
-
-    HF's tuple starts with the embeddings, so entry ``k`` is the input of layer ``k``.
-    """
-    return convert_layer_ids([sglang_id], SGLANG_CONVENTION, "input_of_layer")[0]
-
-
-def default_layer_ids(num_layers: int) -> list[int]:
-    """The EAGLE-3 default (inputs of layers 2, n/2, n-3), in SGLang's convention.
-
-    Refuses layer counts for which the default collapses to repeated ids (SGLang would silently
-    capture fewer layers): tiny models must name their ids.
-    """
-    ref = [2, num_layers // 2, num_layers - 3]
-    ids = convert_layer_ids(ref, "input_of_layer", SGLANG_CONVENTION)
-    if not all(a < b for a, b in zip(ids, ids[1:])) or ids[0] < 0:
-        raise ValueError(
-            f"the default aux layers {ref} (input_of_layer) are not distinct for a {num_layers}-layer "
-            "model; set capture.layer_ids and capture.convention explicitly"
-        )
-    return ids
+def layer_rule(model_path: Path) -> tuple[str, Rule]:
+    """(architecture, its SGLang rule); refuses an architecture whose rule eaglebox has not checked."""
+    arch = architecture(model_path)
+    if arch not in SGLANG_RULES:
+        raise EagleboxError(
+            f"{Path(model_path) / 'config.json'}: architectures[0] {arch!r}: eaglebox does not know how SGLang "
+            f"{RULES_SGLANG_VERSION} turns layer ids into captured layers for it (known: {', '.join(sorted(SGLANG_RULES))}); "
+            "to add it, read its set_eagle3_layers_to_capture in sglang/srt/models/, add it to SGLANG_RULES in "
+            "eaglebox/target/layers.py, and run tests/unit/test_layer_rules.py, which checks every entry against "
+            "SGLang's class")
+    return arch, SGLANG_RULES[arch][1]
 
 
-def check_layer_ids(ids: list[int], num_layers: int) -> None:
-    """Raise ValueError unless ``ids`` (SGLang convention) name distinct, increasing decoder layers."""
-    if len(ids) != 3:
-        raise ValueError(f"EAGLE-3 needs exactly 3 aux layers, got {ids}")
-    if not all(a < b for a, b in zip(ids, ids[1:])):
-        raise ValueError(f"aux layer ids must be strictly increasing, got {ids}")
-    # SGLang captures a layer's output as the next layer's input: the last layer has no successor.
-    if ids[0] < 0 or ids[-1] > num_layers - 2:
-        raise ValueError(f"aux layer ids {ids} (output_of_layer) are outside 0..{num_layers - 2}")
+def captured_inputs(rule: Rule, ids: list[int], num_layers: int) -> list[int]:
+    """The layers whose inputs SGLang hooks (``model.layers_to_capture``) when given ``ids``."""
+    ids = list(ids)
+    as_given = ((rule == "first_is_one" and ids and ids[0] != 1)
+                or (rule == "pass_at_num_layers" and ids and max(ids) == num_layers))
+    return ids if as_given else [i + 1 for i in ids]
+
+
+def ids_for_inputs(rule: Rule, inputs: list[int], num_layers: int) -> list[int]:
+    """The ids that make SGLang hook the inputs of ``inputs``: the ids as given when the rule keeps
+    them, else one less; ValueError when neither does (each rule adds 0 or 1, so nothing else can)."""
+    for ids in (list(inputs), [i - 1 for i in inputs]):
+        if min(ids) >= 0 and captured_inputs(rule, ids, num_layers) == list(inputs):
+            return ids
+    raise ValueError(f"SGLang {RULES_SGLANG_VERSION} {RULE_TEXT[rule]}, so no ids make it hook the inputs of {inputs}")
+
+
+def default_layer_inputs(num_layers: int) -> list[int]:
+    """The EAGLE-3 default, inputs of layers 2, n/2 and n-3 (SGLang's own default for every rule)."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+def check_layer_inputs(inputs: list[int], num_layers: int) -> None:
+    """Raise ValueError unless ``inputs`` name three distinct, increasing layer inputs past the embedding."""
+    if len(inputs) != 3:
+        raise ValueError(f"EAGLE-3 needs exactly 3 aux layers, got {len(inputs)}")
+    if not all(a < b for a, b in zip(inputs, inputs[1:])):
+        raise ValueError("the aux layers must be strictly increasing")
+    if inputs[0] < 1 or inputs[-1] > num_layers - 1:
+        raise ValueError(f"inputs of layers 1..{num_layers - 1} (outputs of 0..{num_layers - 2}) can be captured "
+                         f"in a {num_layers}-layer model")
 
 
 def sglang_layer_ids(cfg) -> list[int]:
-    """The aux layers ``cfg`` captures, in SGLang's convention (what ``--return-aux-hidden-state-layer-ids``
-    takes): ``capture.layer_ids`` converted from ``capture.convention``, or the EAGLE-3 default for the
-    target's layer count, checked against it."""
+    """The ids SGLang is given (capture flag and draft config) for the layers ``cfg`` means:
+    ``capture.layer_ids`` in ``capture.convention``, or the EAGLE-3 default for the target's layer count."""
+    arch, rule = layer_rule(cfg.model.path)
     n = num_layers(cfg.model.path)
-    if cfg.capture.layer_ids is None:
-        ids = default_layer_ids(n)
+    c = cfg.capture
+    if c.layer_ids is None:
+        inputs = default_layer_inputs(n)
+        said = f"unset, the EAGLE-3 default for {n} layers"
     else:
-        ids = convert_layer_ids(cfg.capture.layer_ids, cfg.capture.convention, SGLANG_CONVENTION)
-    check_layer_ids(ids, n)
-    return ids
+        inputs = convert_layer_ids(c.layer_ids, c.convention, "input_of_layer")
+        said = f"{c.layer_ids} ({c.convention})"
+    try:
+        check_layer_inputs(inputs, n)
+        return ids_for_inputs(rule, inputs, n)
+    except ValueError as err:
+        raise EagleboxError(
+            f"capture.layer_ids: {said} means the inputs of layers {inputs} of {arch}: {err}; name other layers "
+            "in capture.layer_ids (see README, 'How to pick layer ids')") from None

@@ -36,10 +36,15 @@ def check_header(header: dict, expected: dict, where: Path) -> None:
         raise EagleboxError(f"{where}: shards were captured with SGLang {header.get('engine_version')}, and SGLang is "
                             "not installed here, so they cannot be checked against the engine that will serve the "
                             "draft; train where that SGLang is installed (the eaglebox image)")
-    for key in ("engine", "engine_version", "layer_ids", "convention", "hidden_size", "dtype", "target_config_sha256"):
-        if header.get(key) != expected.get(key):
-            raise EagleboxError(f"{where}: shards have {key}={header.get(key)!r}, the config implies "
-                                f"{expected.get(key)!r}; re-extract or fix the config")
+    for key in ("engine", "engine_version", "architecture", "layer_ids", "captured_layer_inputs", "hidden_size",
+                "dtype", "target", "engine_options"):
+        have, want = header.get(key), expected.get(key)
+        if isinstance(have, dict) and isinstance(want, dict):  # name the item: target weights, an engine option
+            diff = [k for k in sorted(have.keys() | want.keys()) if have.get(k) != want.get(k)]
+            have, want = {k: have.get(k) for k in diff}, {k: want.get(k) for k in diff}
+        if have != want:
+            raise EagleboxError(f"{where}: shards have {key}={have!r}, the config implies {want!r}; re-extract or "
+                                "fix the config")
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):

@@ -1,0 +1,100 @@
+"""Serving refuses a draft trained on another target's or engine's features, and says what differs."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eaglebox.config import load_config
+from eaglebox.errors import EagleboxError
+from eaglebox.target.fingerprint import BLOCK_BYTES, SAMPLED_BLOCKS, weights_sha256
+
+LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 6, "hidden_size": 64,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 100,
+         "max_position_embeddings": 128, "rope_theta": 10000.0, "torch_dtype": "bfloat16"}
+
+
+def tiny_target(d, seed: int):
+    """A target directory: the same config.json for every seed, weights drawn from ``seed``."""
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(LLAMA))
+    g = torch.Generator().manual_seed(seed)
+    save_file({"model.embed_tokens.weight": torch.randn(100, 64, generator=g),
+               "lm_head.weight": torch.randn(100, 64, generator=g)}, d / "model.safetensors")
+    (d / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    return d
+
+
+def cfg_for(tmp_path, model, draft, *overrides):
+    p = tmp_path / "serve.yaml"
+    p.write_text(f"model:\n  path: {model}\ncapture:\n  layer_ids: [0, 1, 2]\nserve:\n  draft_path: {draft}\n")
+    return load_config(p, list(overrides))
+
+
+def trained_on(tmp_path, cfg):
+    """A draft whose provenance is ``cfg``'s capture spec, as training on its shards records it."""
+    from eaglebox.draft.sglang import PROVENANCE_KEYS, export_draft
+    from eaglebox.draft.spec import draft_spec
+    from eaglebox.shards.spec import capture_spec
+    from eaglebox.train.checkpoint import trainable_state
+    from eaglebox.train.model import Eagle3Draft
+
+    spec = capture_spec(cfg)
+    draft = draft_spec(cfg.model.path, cfg.train.draft, 3)
+    return export_draft(tmp_path / "draft", draft, trainable_state(Eagle3Draft(draft)),
+                        {k: spec[k] for k in PROVENANCE_KEYS}, torch.float32)
+
+
+def check(cfg):
+    from eaglebox.serve.provenance import check_provenance
+    from eaglebox.shards.spec import capture_spec
+
+    return check_provenance(cfg, capture_spec(cfg))
+
+
+def test_a_draft_is_refused_on_a_same_config_target_with_other_weights(tmp_path):
+    a, b = tiny_target(tmp_path / "a", 0), tiny_target(tmp_path / "b", 1)
+    assert (a / "config.json").read_bytes() == (b / "config.json").read_bytes()
+    draft = trained_on(tmp_path, cfg_for(tmp_path, a, tmp_path / "draft"))
+    assert check(cfg_for(tmp_path, a, draft))["mismatches"] == []
+    with pytest.raises(EagleboxError, match=r"was trained on features this target and engine do not produce:\n"
+                                            r"  target weights \(safetensors names, sizes, headers, sampled bytes\): "
+                                            r"draft \w{12} vs serving \w{12} \(weights_sha256\)\n\("):
+        check(cfg_for(tmp_path, b, draft))
+
+
+def test_other_layers_tokenizer_or_engine_options_are_named(tmp_path):
+    a = tiny_target(tmp_path / "a", 0)
+    draft = trained_on(tmp_path, cfg_for(tmp_path, a, tmp_path / "draft"))
+    with pytest.raises(EagleboxError, match=r"layer_ids: draft \[0, 1, 2\] vs serving \[1, 2, 3\]\n"
+                                            r"  captured_layer_inputs: draft \[1, 2, 3\] vs serving \[2, 3, 4\]"):
+        check(cfg_for(tmp_path, a, draft, "capture.layer_ids=[1, 2, 3]"))
+    with pytest.raises(EagleboxError, match=r"engine option kv_cache_dtype: draft None vs serving 'fp8_e4m3'\n"
+                                            r"  engine option tp: draft 1 vs serving 2\n"):
+        check(cfg_for(tmp_path, a, draft, "engine.kv_cache_dtype=fp8_e4m3", "model.tp=2"))
+    allowed = cfg_for(tmp_path, a, draft, "engine.kv_cache_dtype=fp8_e4m3", "serve.allow_engine_differences=[kv_cache_dtype]")
+    assert check(allowed)["mismatches"] == []
+    (a / "tokenizer.json").write_text('{"model": {"vocab": {"b": 0}}}')
+    with pytest.raises(EagleboxError, match=r"  target tokenizer files: draft \w{12} vs serving \w{12}"):
+        check(cfg_for(tmp_path, a, draft))
+    (draft / "model.safetensors").unlink()
+    with pytest.raises(EagleboxError, match="model.safetensors"):
+        check(cfg_for(tmp_path, a, draft, "serve.allow_provenance_mismatch=true"))
+
+
+def test_weights_fingerprint_reads_the_index_and_samples_large_files(tmp_path):
+    d = tmp_path / "m"
+    d.mkdir()
+    big = torch.zeros(SAMPLED_BLOCKS * BLOCK_BYTES // 2)  # 2x the sampled bytes: sampled, not read whole
+    save_file({"a": big}, d / "part-1.safetensors")
+    save_file({"b": torch.ones(4)}, d / "part-2.safetensors")
+    (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"a": "part-1.safetensors",
+                                                                               "b": "part-2.safetensors"}}))
+    first = weights_sha256(d)
+    big[: BLOCK_BYTES // 4] = 1.0  # the first sampled block
+    save_file({"a": big}, d / "part-1.safetensors")
+    assert weights_sha256(d) != first
+    (d / "part-2.safetensors").unlink()
+    with pytest.raises(EagleboxError, match=r"model.safetensors.index.json names \['part-2.safetensors'\], which"):
+        weights_sha256(d)
