@@ -1,4 +1,6 @@
+import os
 import threading
+import time
 
 import pytest
 import torch
@@ -140,3 +142,18 @@ def test_streamed_safetensors_read_back_by_safetensors_and_hash_the_file(tmp_pat
         write_safetensors(tmp_path / "z.safetensors", {"a": [torch.zeros(4)], "b": [torch.empty(2, device="meta")]}, {},
                           fsync=False)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["x.safetensors"]
+
+
+@pytest.mark.parametrize("nice", [False, True])
+def test_writers_are_niced_only_when_asked(tmp_path, nice):
+    """On CPU serving the writers yield to the forward (nice 19); on a GPU server they must not, or
+    busy server threads starve them (H200: writers at a third of their idle rate)."""
+    before = {t.ident for t in threading.enumerate()}
+    CaptureSink(tmp_path, writers=2, nice_writers=nice)
+    writers = [t for t in threading.enumerate() if t.ident not in before and t.name.startswith("eaglebox-capture-writer")]
+    assert len(writers) == 2
+    deadline = time.monotonic() + 5
+    want = 19 if nice else os.getpriority(os.PRIO_PROCESS, 0)
+    while time.monotonic() < deadline and any(os.getpriority(os.PRIO_PROCESS, t.native_id) != want for t in writers):
+        time.sleep(0.01)
+    assert [os.getpriority(os.PRIO_PROCESS, t.native_id) for t in writers] == [want, want]

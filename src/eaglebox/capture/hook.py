@@ -94,6 +94,7 @@ def patch(module) -> None:
                       "captured_layer_inputs": _captured_layer_inputs(processor)}
             state["sink"] = CaptureSink(os.environ["EAGLEBOX_CAPTURE_DIR"],
                                         buffer_bytes=int(os.environ.get("EAGLEBOX_CAPTURE_BUFFER_BYTES", 4 << 30)),
+                                        nice_writers=os.environ.get("EAGLEBOX_CAPTURE_NICE_WRITERS") == "1",
                                         header=header)
         return state["sink"]
 

@@ -13,8 +13,9 @@ Runs inside SGLang's scheduler process but imports nothing from SGLang, so it is
   A request that disappears without finishing (aborted) is forgotten when SGLang drops its ``Req``.
 - **Memory.** Completed samples wait for the writers in a queue bounded in bytes: ``add_chunk`` waits
   while the rows the sink holds exceed ``buffer_bytes`` and there is something to wait for.
-- **Writers.** ``writers`` threads (niced) hash, write and fsync samples in parallel: sha256 and
-  file writes release the GIL. On the H200 host, 4 writers kept up with the disk (1.02x its raw
+- **Writers.** ``writers`` threads hash, write and fsync samples in parallel: sha256 and file
+  writes release the GIL. ``nice_writers`` (set when SGLang runs the forward on the CPU) lowers them
+  to nice 19, so that they use idle time instead of preempting the forward's OpenMP threads. On the H200 host, 4 writers kept up with the disk (1.02x its raw
   fsync'd rate, worst round 0.96x) where 2 reached 0.71x (``benchmarks/capture_gpu.py``).
 
 One file per sample, ``<dir>/<sample_id>.safetensors``, appears atomically (temp + rename):
@@ -51,7 +52,7 @@ class _Pending:
 
 class CaptureSink:
     def __init__(self, out_dir: str | Path, *, buffer_bytes: int = 4 << 30, writers: int = 4,
-                 header: dict | None = None):
+                 nice_writers: bool = False, header: dict | None = None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         self.header = header or {}
@@ -65,6 +66,7 @@ class CaptureSink:
         self._errors: list[BaseException] = []
         self.stats = {"samples": 0, "bytes": 0, "hash_s": 0.0, "write_s": 0.0, "add_s": 0.0, "budget_wait_s": 0.0}
         self._t0 = time.monotonic()
+        self._nice_writers = nice_writers
         for i in range(writers):
             threading.Thread(target=self._write_loop, name=f"eaglebox-capture-writer-{i}", daemon=True).start()
 
@@ -141,7 +143,8 @@ class CaptureSink:
             raise RuntimeError(f"eaglebox capture writer failed: {self._errors[0]!r}")
 
     def _write_loop(self) -> None:
-        _lowest_cpu_priority()
+        if self._nice_writers:
+            _lowest_cpu_priority()
         while True:
             path, p = self._queue.get()
             try:

@@ -111,6 +111,8 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict
             raise ValueError("capture mode needs a capture directory")
         env["EAGLEBOX_CAPTURE_DIR"] = str(capture_dir)
         env["EAGLEBOX_CAPTURE_BUFFER_BYTES"] = str(cfg.extract.writer_buffer_mb << 20)
+        # On CPU the forward runs on the cores the writers would take: they yield to it (nice 19).
+        env.setdefault("EAGLEBOX_CAPTURE_NICE_WRITERS", "1" if cfg.engine.device == "cpu" else "0")
     return env
 
 

@@ -36,7 +36,8 @@ def make_llama(name: str, layers: int, shape: dict, seed: int = 0) -> Path:
 
 
 def config_for(model_path: Path, name: str, port: int, layer_ids: list[int], *extra_args: str,
-               chunked_prefill: int | None = None, concurrency: int = 64):
+               chunked_prefill: int | None = None, concurrency: int = 64, mem_fraction: float = 0.3,
+               env: dict | None = None):
     """An eaglebox config for a GPU server on ``model_path`` (no tokenizer: requests send token ids)."""
     from eaglebox.config import load_config
 
@@ -46,8 +47,8 @@ def config_for(model_path: Path, name: str, port: int, layer_ids: list[int], *ex
     raw = {
         "model": {"path": str(model_path), "dtype": "bfloat16"},
         "capture": {"layer_ids": layer_ids, "convention": "output_of_layer"},
-        "engine": {"device": "cuda", "port": port, "attention_backend": "triton", "mem_fraction_static": 0.3,
-                   "chunked_prefill_size": chunked_prefill, "startup_timeout_s": 500,
+        "engine": {"device": "cuda", "port": port, "attention_backend": "triton", "mem_fraction_static": mem_fraction,
+                   "chunked_prefill_size": chunked_prefill, "startup_timeout_s": 500, "env": env or {},
                    "extra_args": ["--sampling-backend", "pytorch", "--skip-tokenizer-init", *extra_args]},
         "extract": {"dataset": str(out / "dataset.jsonl"), "output_dir": str(out / "shards"),
                     "concurrency": concurrency, "shard_size": 32, "max_length": 8192},
