@@ -230,6 +230,35 @@ def check_fused() -> dict:
             "grad_max_rel_diff": max(float((g0[n] - g1[n]).abs().max() / g0[n].abs().max()) for n in g0)}
 
 
+def step_gemm_flops(seq: int, ttt: int) -> float:
+    """The dense matmul FLOPs of one training step (batch 1), counted from the draft's shapes: per TTT
+    step q/k/v over the 2H input, o, the MLP and the draft lm_head, forward and backward (input and
+    weight gradients: 3x forward); fc once (weight gradient only: 2x); the target's full-vocabulary
+    head once, forward only. Attention's score/value products are not counted (they are not GEMMs here)."""
+    H, h = SHAPE["hidden"], SHAPE["hidden"] // SHAPE["heads"]
+    per_step = 2 * seq * (2 * H * (SHAPE["heads"] + 2 * SHAPE["kv_heads"]) * h + SHAPE["heads"] * h * H
+                          + 3 * H * SHAPE["intermediate"] + H * SHAPE["draft_vocab"])
+    return 3 * ttt * per_step + 2 * (2 * seq * 3 * H * H) + 2 * seq * H * SHAPE["vocab"]
+
+
+def dense_bf16_rate(n: int = 8192, reps: int = 20) -> float:
+    """FLOP/s of a large square bf16 matmul on this GPU (median of ``reps``): the rate the floor uses."""
+    import torch
+
+    a, b = (torch.randn(n, n, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    for _ in range(3):
+        a @ b
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1000)
+    return 2 * n**3 / statistics.median(times)
+
+
 def run_specforge(seq: int, ttt: int, steps: int, backend: str) -> dict:
     import torch
     from specforge.algorithms.eagle3.model import OnlineEagle3Model
@@ -285,7 +314,7 @@ def main() -> None:
     if a.one:
         kind, _, backend = a.one.partition(":")
         try:
-            r = ({**check_fused(), **check_graphs()} if kind == "check" else
+            r = ({**check_fused(), **check_graphs(), "dense_bf16_flops": dense_bf16_rate()} if kind == "check" else
                  run_eaglebox(a.seq, a.ttt, a.steps, a.profile, graphs=backend != "eager") if kind == "eaglebox"
                  else run_specforge(a.seq, a.ttt, a.steps, backend))
         except Exception as err:  # reported in the table, not hidden
@@ -300,10 +329,10 @@ def main() -> None:
         line = [x for x in out.stdout.splitlines() if x.startswith("RESULT ")]
         results.append(json.loads(line[-1][7:]) if line else {"trainer": kind, "error": out.stderr[-600:]})
         print(json.dumps(results[-1]), flush=True)
-    summarize(results[1:], a)
+    summarize(results[1:], a, results[0].get("dense_bf16_flops"))
 
 
-def summarize(results: list[dict], a) -> None:
+def summarize(results: list[dict], a, dense_rate: float | None) -> None:
     """Per trainer: the median over rounds of each process's median step, and the spread across
     rounds. Ratios: of those medians, and per round (each round runs the trainers back to back,
     so a round's ratio is measured under the same GPU conditions)."""
@@ -325,7 +354,13 @@ def summarize(results: list[dict], a) -> None:
             rounds = [o["tokens_per_s"] / r["tokens_per_s"] for o, r in zip(ours, rs)]
             peak = max(o["peak_gib"] for o in ours) / max(r["peak_gib"] for r in rs)
             print(f"eaglebox / {name}: {med[name] / med['eaglebox']:.2f}x tokens/s (median of rounds; per round "
-                  f"{', '.join(f'{x:.2f}' for x in rounds)}), {peak:.2f}x peak memory")
+                  f"{', '.join(f'{x:.2f}' for x in rounds)}; worst {min(rounds):.2f}), {peak:.2f}x peak memory")
+    if ours and dense_rate:
+        flops = step_gemm_flops(a.seq, a.ttt)
+        floor = flops / dense_rate
+        print(f"GEMM floor: {flops / 1e12:.2f} TFLOP a step at {dense_rate / 1e12:.0f} TFLOP/s (8192^3 bf16 matmul, "
+              f"measured) = {floor * 1e3:.1f} ms; eaglebox's median step {med['eaglebox'] * 1e3:.1f} ms = "
+              f"{med['eaglebox'] / floor:.2f}x the floor")
 
 
 if __name__ == "__main__":
