@@ -1,15 +1,19 @@
-"""SGLang 0.5.23's own ``LlamaForCausalLMEagle3``, loaded from an export and run outside a server.
+"""SGLang 0.5.23's own draft class (``LlamaForCausalLMEagle3`` or ``Eagle3DeepseekV2ForCausalLM``, as the
+export's ``architectures`` says), loaded from an export and run outside a server.
 
-Used by the offline acceptance evaluator and by the export parity test: SGLang's weight loader
-(``midlayer`` -> ``layers.0``, stacked ``qkv_proj``/``gate_up_proj``, ``d2t`` -> ``hot_token_id``),
-its norms, fc, rotary embedding, MLP and residual wiring all run as in the server. Only the paged
-``RadixAttention`` is replaced, by exact attention over an explicit per-position KV cache: the
-server's KV pool and attention backends are what SGLang itself tests, and on CPU its speculative
-path is not usable (see the bench README notes).
+Used by the offline acceptance evaluator and by the export parity tests: SGLang's weight loader
+(``midlayer`` -> ``layers.0``, stacked ``qkv_proj``/``gate_up_proj``, MLA's fused
+``fused_qkv_a_proj_with_mqa`` and ``w_kc``/``w_vc`` split, ``d2t`` -> ``hot_token_id``), its norms,
+fc, rotary embedding, MLA absorbed projections, MLP and residual wiring all run as in the server.
+Only the paged ``RadixAttention`` is replaced, by exact attention over an explicit per-position KV
+cache (for MLA: the latent and RoPE key, SGLang's ``attn_mqa`` inputs, with the absorbed forward
+SGLang's non-fused backends run): the server's KV pool and attention backends are what SGLang
+itself tests, and on CPU its speculative path is not usable (see the bench README notes).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from pathlib import Path
@@ -70,32 +74,89 @@ class CachedAttention(torch.nn.Module):
         return out.transpose(0, 1).reshape(n, self.h * self.d).to(q.dtype)
 
 
+class CachedMLAAttention(torch.nn.Module):
+    """Stands in for MLA's ``attn_mqa``: one shared key a token (latent + RoPE key), kept by position;
+    the values are its first ``kv_lora_rank`` columns. q: [n, heads, kv_lora_rank + rope] (absorbed)."""
+
+    def __init__(self, num_heads: int, kv_lora_rank: int, rope_dim: int, scaling: float):
+        super().__init__()
+        self.h, self.lora, self.d, self.scaling = num_heads, kv_lora_rank, kv_lora_rank + rope_dim, scaling
+        self.reset()
+
+    def reset(self) -> None:
+        self.pos = torch.empty(0, dtype=torch.int64)
+        self.k = torch.empty(0, self.d)
+
+    def truncate(self, keep_positions_below: int) -> None:
+        keep = self.pos < keep_positions_below
+        self.pos, self.k = self.pos[keep], self.k[keep]
+
+    def forward(self, q, k, v, forward_batch, save_kv_cache=True, **kw):
+        if kw:
+            raise NotImplementedError(f"MLA attention options {sorted(kw)}")
+        n, pos = q.shape[0], forward_batch.positions
+        self.pos = torch.cat([self.pos, pos])
+        self.k = torch.cat([self.k, k.reshape(n, self.d).to(self.k.dtype)])
+        scores = torch.einsum("nhd,kd->hnk", q.view(n, self.h, self.d).to(self.k.dtype), self.k) * self.scaling
+        scores = scores.masked_fill(self.pos[None, None, :] > pos[None, :, None], float("-inf"))
+        out = torch.einsum("hnk,kl->nhl", scores.softmax(-1), self.k[:, : self.lora])
+        return out.reshape(n, self.h * self.lora).to(q.dtype)
+
+
+def _load_llama(draft_dir: Path):
+    from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
+    from transformers import LlamaConfig
+
+    model = LlamaForCausalLMEagle3(LlamaConfig.from_pretrained(draft_dir))
+    return model, model.model.layers[0].self_attn
+
+
+def _load_mla(draft_dir: Path):
+    from sglang.srt.models.kimi_k25_eagle3 import Eagle3DeepseekV2ForCausalLM
+    from transformers import DeepseekV3Config
+
+    model = Eagle3DeepseekV2ForCausalLM(DeepseekV3Config.from_pretrained(draft_dir))
+    return model, model.model.midlayer.self_attn
+
+
 class SGLangDraft:
     def __init__(self, draft_dir: Path, dtype: torch.dtype = torch.float32):
         _init_sglang_runtime()
         from safetensors.torch import load_file
-        from sglang.srt.models.llama_eagle3 import LlamaForCausalLMEagle3
-        from transformers import LlamaConfig
 
-        config = LlamaConfig.from_pretrained(draft_dir)
-        self.model = LlamaForCausalLMEagle3(config)
+        arch = json.loads((Path(draft_dir) / "config.json").read_text())["architectures"][0]
+        self.mla = arch == "Eagle3DeepseekV2ForCausalLM"
+        self.model, attn = (_load_mla if self.mla else _load_llama)(draft_dir)
         self.model.load_weights(load_file(Path(draft_dir) / "model.safetensors").items())
         self.model.to(dtype).eval()
-        attn = self.model.model.layers[0].self_attn
-        self.attn = CachedAttention(attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scaling)
-        self.attn.k, self.attn.v = self.attn.k.to(dtype), self.attn.v.to(dtype)
-        attn.attn = self.attn
+        if self.mla:
+            from sglang.srt.models.deepseek_common.attention_forward_methods import AttnForwardMethod
+
+            self.model.post_load_weights()  # w_kc / w_vc again, in ``dtype``
+            self.attn = CachedMLAAttention(attn.num_local_heads, attn.kv_lora_rank, attn.qk_rope_head_dim,
+                                           attn.scaling)
+            self.attn.k = self.attn.k.to(dtype)
+            attn.attn_mqa = self.attn
+            # the absorbed MLA forward, core through attn_mqa as SGLang's Triton backend runs it
+            attn.current_attention_backend = "triton"
+            attn.dispatch_attn_forward_method = lambda forward_batch: AttnForwardMethod.MLA
+        else:
+            self.attn = CachedAttention(attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scaling)
+            self.attn.k, self.attn.v = self.attn.k.to(dtype), self.attn.v.to(dtype)
+            attn.attn = self.attn
         self.dtype = dtype
         self.hot_token_id = self.model.hot_token_id
 
     def set_embed(self, embed: torch.Tensor) -> None:
         """SGLang shares the target's embedding with the draft (``set_embed``)."""
         with torch.no_grad():
-            self.model.model.embed_tokens.weight.copy_(embed.to(self.dtype))
+            self.model.model.embed_tokens.weight[: embed.shape[0]].copy_(embed.to(self.dtype))  # rows padded to 64
 
     def reset(self) -> None:
         self.attn.reset()
-        self.attn.k, self.attn.v = self.attn.k.to(self.dtype), self.attn.v.to(self.dtype)
+        self.attn.k = self.attn.k.to(self.dtype)
+        if not self.mla:
+            self.attn.v = self.attn.v.to(self.dtype)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
@@ -105,9 +166,10 @@ class SGLangDraft:
             mm_input_embeds=None, positions=positions,
             forward_mode=SimpleNamespace(is_extend=lambda: False, is_draft_extend_v2=lambda: False),
             contains_mm_inputs=lambda: False, spec_info=SimpleNamespace(hidden_states=hidden.to(self.dtype)),
+            attn_cp_metadata=None,  # MLA: no context parallelism
         )
         normed, aux = self.model.model(tokens, positions, fb)
-        return normed @ self.model.lm_head.weight.T, aux[0]
+        return normed @ self.model.lm_head.weight[: self.model.config.draft_vocab_size].T, aux[0]
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.hot_token_id[draft_ids]

@@ -1,12 +1,16 @@
-"""The EAGLE-3 draft, computing exactly what SGLang 0.5.23's ``LlamaForCausalLMEagle3`` computes.
+"""The EAGLE-3 draft, computing exactly what SGLang 0.5.23's ``LlamaForCausalLMEagle3`` (``llama``) or
+``Eagle3DeepseekV2ForCausalLM`` (``deepseek_mla``, attention in :mod:`eaglebox.train.mla`) computes.
 
 Names follow the exported checkpoint (``fc``, ``midlayer.*``, ``norm``, ``lm_head``). One draft step::
 
-    h   = fc(aux)                       # step 0 only: [k*H_target] -> [H]; later steps feed h back
-    x   = cat(input_layernorm(embed(token)), hidden_norm(h))         # [2H] into q/k/v
+    h   = fc(fc_norm_i(aux_i) ...)      # step 0 only: [k*H_target] -> [H]; later steps feed h back
+    x   = cat(input_layernorm(embed(token)), hidden_norm(h))         # [2H] into the attention
     r   = o_proj(attn(x)) + h                                        # residual = h (not normed)
     out = down(silu(gate(n)) * up(n)) + r,  n = post_attention_layernorm(r)
-    logits = lm_head(norm(out));  the next step's h = out (pre-norm)
+    logits = lm_head(norm(out));  the next step's h = out (pre-norm), or norm(out) with norm_output
+
+``fc_norm`` (one RMSNorm a captured layer) and ``norm_output`` are the EAGLE-3.1 options; both SGLang
+classes implement them, and the trainer computes them as they do.
 
 Training runs ``ttt_length`` such steps unrolled (:func:`eaglebox.train.ttt.ttt_forward`). Two sets of
 kernels compute the same thing: eager, dense references (the CPU path and what tests compare
@@ -24,25 +28,41 @@ from torch import nn
 
 from eaglebox.draft.spec import DraftSpec
 from eaglebox.train.loss import head_chunk
+from eaglebox.train.mla import MLAAttention
+from eaglebox.train.norm import RMSNorm, rms_norm
 from eaglebox.train.rope import Rotary, apply_rotary
 from eaglebox.train.ttt import flex_ttt_attention, ttt_attention, ttt_forward
 
 PAD_MULTIPLE = 128  # CUDA batches are padded to this many tokens: flex attention's block size
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    dtype = x.dtype
-    x = x.float()
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+class LlamaAttention(nn.Module):
+    """SGLang's ``LlamaAttention`` of the draft: GQA heads of ``head_dim``, neox RoPE over the whole head."""
 
-
-class RMSNorm(nn.Module):
-    """A norm's weight, under the name SGLang's checkpoint gives it; the norm is :func:`rms_norm`,
-    applied to the step's cast copy of it (:meth:`Eagle3Draft.step_weights`)."""
-
-    def __init__(self, dim: int):
+    def __init__(self, s: DraftSpec):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.spec = s
+        self.q_proj = nn.Linear(2 * s.hidden_size, s.num_attention_heads * s.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * s.hidden_size, s.num_key_value_heads * s.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * s.hidden_size, s.num_key_value_heads * s.head_dim, bias=False)
+        self.o_proj = nn.Linear(s.num_attention_heads * s.head_dim, s.hidden_size, bias=False)
+        self.rotary = Rotary(s)
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        return {"q": self.q_proj.weight, "k": self.k_proj.weight, "v": self.v_proj.weight, "o": self.o_proj.weight}
+
+    def qkv(self, w: dict, x: torch.Tensor, positions: torch.Tensor):
+        """x: [B, T, 2H] -> q [B, heads, T, d], k and v [B, kv_heads, T, d]."""
+        s = self.spec
+        B, T, _ = x.shape
+        q = F.linear(x, w["q"]).view(B, T, s.num_attention_heads, s.head_dim).transpose(1, 2)
+        k = F.linear(x, w["k"]).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
+        v = F.linear(x, w["v"]).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
+        cos, sin = self.rotary(positions)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+
+ATTENTION = {"llama": LlamaAttention, "deepseek_mla": MLAAttention}
 
 
 class MidLayer(nn.Module):
@@ -52,11 +72,7 @@ class MidLayer(nn.Module):
         self.input_layernorm = RMSNorm(H)
         self.hidden_norm = RMSNorm(H)
         self.post_attention_layernorm = RMSNorm(H)
-        self.self_attn = nn.Module()
-        self.self_attn.q_proj = nn.Linear(2 * H, s.num_attention_heads * s.head_dim, bias=False)
-        self.self_attn.k_proj = nn.Linear(2 * H, s.num_key_value_heads * s.head_dim, bias=False)
-        self.self_attn.v_proj = nn.Linear(2 * H, s.num_key_value_heads * s.head_dim, bias=False)
-        self.self_attn.o_proj = nn.Linear(s.num_attention_heads * s.head_dim, H, bias=False)
+        self.self_attn = ATTENTION[s.architecture](s)
         self.mlp = nn.Module()
         self.mlp.gate_proj = nn.Linear(H, s.intermediate_size, bias=False)
         self.mlp.up_proj = nn.Linear(H, s.intermediate_size, bias=False)
@@ -71,12 +87,13 @@ class Eagle3Draft(nn.Module):
         self.embed_tokens = nn.Embedding(spec.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
         self.fc = nn.Linear(spec.num_aux * spec.target_hidden_size, H, bias=False)
+        self.fc_norm = nn.ModuleList(RMSNorm(spec.target_hidden_size) for _ in range(spec.num_aux)) \
+            if spec.fc_norm else None
         self.midlayer = MidLayer(spec)
         self.norm = RMSNorm(H)
         self.lm_head = nn.Linear(H, spec.draft_vocab_size, bias=False)
         self.register_buffer("d2t", torch.zeros(spec.draft_vocab_size, dtype=torch.int64))
         self.register_buffer("t2d", torch.zeros(spec.vocab_size, dtype=torch.bool))
-        self.rotary = Rotary(spec)
         # training kernels: the exact eager references (CPU); compile_steps() swaps in the fused ones
         self.attention = ttt_attention
         self.head_chunk = head_chunk
@@ -84,34 +101,37 @@ class Eagle3Draft(nn.Module):
     def step_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The weights a draft step uses, cast to the compute dtype once per forward. Every TTT step
         reuses these copies, so the gradient is summed on them and reaches each fp32 master once."""
-        m, a, mlp = self.midlayer, self.midlayer.self_attn, self.midlayer.mlp
-        w = {"input_norm": m.input_layernorm.weight, "hidden_norm": m.hidden_norm.weight,
-             "q": a.q_proj.weight, "k": a.k_proj.weight, "v": a.v_proj.weight, "o": a.o_proj.weight,
+        m, mlp = self.midlayer, self.midlayer.mlp
+        w = {"input_norm": m.input_layernorm.weight, "hidden_norm": m.hidden_norm.weight, **m.self_attn.weights(),
              "post_norm": m.post_attention_layernorm.weight, "gate": mlp.gate_proj.weight, "up": mlp.up_proj.weight,
              "down": mlp.down_proj.weight, "norm": self.norm.weight, "lm_head": self.lm_head.weight}
         return {k: v.to(dtype) for k, v in w.items()}
 
+    def project_aux(self, aux: torch.Tensor) -> torch.Tensor:
+        """Step 0's ``h`` from the captured features [B, T, k*Ht]: per-layer ``fc_norm`` (if any), then ``fc``."""
+        aux = aux.to(self.fc.weight.dtype)
+        if self.fc_norm is not None:
+            eps = self.spec.rms_norm_eps
+            aux = torch.cat([rms_norm(c, n.weight, eps) for n, c in zip(self.fc_norm, aux.chunk(len(self.fc_norm), -1))],
+                            dim=-1)
+        return self.fc(aux)
+
     def qkv(self, w: dict, embeds: torch.Tensor, h: torch.Tensor, positions: torch.Tensor):
         """Queries, keys and values of one draft step. embeds, h: [B, T, H]; positions: [B, T]."""
-        s = self.spec
-        eps = s.rms_norm_eps
+        eps = self.spec.rms_norm_eps
         x = torch.cat([rms_norm(embeds, w["input_norm"], eps), rms_norm(h, w["hidden_norm"], eps)], dim=-1)
-        B, T, _ = x.shape
-        q = F.linear(x, w["q"]).view(B, T, s.num_attention_heads, s.head_dim).transpose(1, 2)
-        k = F.linear(x, w["k"]).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
-        v = F.linear(x, w["v"]).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
-        cos, sin = self.rotary(positions)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        return self.midlayer.self_attn.qkv(w, x, positions)
 
     def finish(self, w: dict, h: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Residual and MLP. Returns the step's pre-norm output (the next step's ``h``) and its final
-        norm (the lm_head input). attn: [B, heads, T, d]."""
+        """Residual and MLP. Returns the next step's ``h`` (the pre-norm output; the normed one with
+        ``norm_output``) and the final norm (the lm_head input). attn: [B, heads, T, d_v]."""
         eps = self.spec.rms_norm_eps
         B, _, T, _ = attn.shape
         r = F.linear(attn.transpose(1, 2).reshape(B, T, -1), w["o"]) + h
         n = rms_norm(r, w["post_norm"], eps)
         out = F.linear(F.silu(F.linear(n, w["gate"])) * F.linear(n, w["up"]), w["down"]) + r
-        return out, rms_norm(out, w["norm"], eps)
+        normed = rms_norm(out, w["norm"], eps)
+        return (normed if self.spec.norm_output else out), normed
 
     def forward(self, batch: dict, lm_head_weight: torch.Tensor, ttt_length: int):
         """Training forward (through ``forward`` so DDP's gradient hooks see it): see :func:`ttt_forward`."""

@@ -123,8 +123,8 @@ def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
     if choice is not None and choice["kernel"] == "eager":
         return ttt_attention(q, keys, values, valid, steps)
     B, Hq, T, _ = q.shape
-    pad = [keys[0].new_zeros(*keys[0].shape[:2], (steps - len(keys)) * T, keys[0].shape[3])]
-    k, v = torch.cat(keys + pad, dim=2), torch.cat(values + pad, dim=2)
+    pad = [x[0].new_zeros(*x[0].shape[:2], (steps - len(x)) * T, x[0].shape[3]) for x in (keys, values)]
+    k, v = torch.cat(keys + pad[:1], dim=2), torch.cat(values + pad[1:], dim=2)  # MLA: v narrower than k
     key = (T, steps, len(keys), q.device)
     if key not in _block_masks:
         limit = torch.tensor(len(keys) * T, device=q.device)
@@ -163,7 +163,7 @@ def ttt_forward(model: torch.nn.Module, batch: dict, lm_head_weight: torch.Tenso
     # index t predicts x[t+2+i] (an assistant token) from the target's distribution at t+1+i (whose
     # argmax lies in the draft vocabulary)
     scored = batch["loss_mask"].bool() & valid
-    h = model.fc(batch["aux"].to(model.fc.weight.dtype))
+    h = model.project_aux(batch["aux"])
     positions = torch.arange(T, device=ids.device)[None].expand(B, T)
     dtype = torch.get_autocast_dtype(ids.device.type) if torch.is_autocast_enabled(ids.device.type) else h.dtype
     w = model.step_weights(dtype)
