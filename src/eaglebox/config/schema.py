@@ -123,6 +123,20 @@ ROPE_KEYS = {"rope_type", "type", "rope_theta", "factor", "original_max_position
 class DraftConfig(Section):
     """Draft shape overrides; None takes the target's value."""
 
+    architecture: Literal["llama", "deepseek_mla"] = "llama"
+    """The draft class SGLang 0.5.23 loads: ``LlamaForCausalLMEagle3`` (GQA attention) or
+    ``Eagle3DeepseekV2ForCausalLM`` (DeepSeek-V2 multi-latent attention, what public Kimi drafts use:
+    a KV cache of ``kv_lora_rank + qk_rope_head_dim`` values a token)."""
+    fc_norm: bool = False
+    """EAGLE-3.1: an RMSNorm on each captured layer's features before ``fc`` (both classes)."""
+    norm_output: bool = False
+    """EAGLE-3.1: the next draft step gets the final-normed hidden state, not the pre-norm one."""
+    q_lora_rank: int | None = Field(None, ge=1)
+    """deepseek_mla only, like the four below; None takes the (MLA) target's value."""
+    kv_lora_rank: int | None = Field(None, ge=1)
+    qk_nope_head_dim: int | None = Field(None, ge=1)
+    qk_rope_head_dim: int | None = Field(None, ge=2, multiple_of=2)
+    v_head_dim: int | None = Field(None, ge=1)
     intermediate_size: int | None = None
     num_attention_heads: int | None = None
     num_key_value_heads: int | None = None
@@ -168,6 +182,18 @@ class TrainConfig(Section):
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """With several torchrun ranks: ddp replicates the draft; fsdp (FSDP2) shards weights, gradients
     and optimizer state, for drafts too wide to replicate."""
+    heldout_share: float = Field(0.0, ge=0, lt=1)
+    """Share of the shards' samples never trained on (a seeded choice): the held-out requests on which
+    the trainer measures simulated acceptance with the gate's evaluator (``eaglebox.train.heldout``).
+    0 turns held-out evaluation off (the last weights are exported)."""
+    eval_every: int | None = Field(None, ge=1)
+    """Steps between held-out evaluations (also at step 0, as an untrained control, and at the last
+    step); None: at the last step only."""
+    eval_max_samples: int = Field(32, ge=1)
+    """Held-out requests scored per evaluation (the first of the held-out samples)."""
+    export: Literal["best", "last"] = "best"
+    """Which weights become ``output_dir/draft`` when held-out evaluation is on: the best held-out
+    acceptance length (``draft-last`` keeps the last beside it), or the last."""
 
 
 EngineOption = Literal["quantization", "dtype", "attention_backend", "moe_runner_backend", "kv_cache_dtype",
