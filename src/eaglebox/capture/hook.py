@@ -27,6 +27,12 @@ Why the rows are safe to keep (CUDA):
 
 Only the attention-TP rank 0 of each attention group writes (:func:`writes_on_this_rank`).
 
+The sink's writer threads share the scheduler process's GIL. Their C calls (sha256, write, fsync)
+release it, but each return to Python waits until the scheduler thread -- which runs Python without
+pause while it drives a GPU -- gives it up, by default after 5 ms. The hook shortens that interval
+(``EAGLEBOX_CAPTURE_SWITCH_INTERVAL_S``, default 0.5 ms) when the first capture request arrives; it
+matters only while a writer waits for the GIL.
+
 Installed by a post-import hook (:mod:`eaglebox.engine.post_import`) in every process, because
 SGLang's scheduler is a ``spawn``-ed process.
 """
@@ -92,6 +98,7 @@ def patch(module) -> None:
         if "sink" not in state:
             header = {"engine": "sglang", "engine_version": sglang.__version__,
                       "captured_layer_inputs": _captured_layer_inputs(processor)}
+            sys.setswitchinterval(float(os.environ.get("EAGLEBOX_CAPTURE_SWITCH_INTERVAL_S", "0.0005")))
             state["sink"] = CaptureSink(os.environ["EAGLEBOX_CAPTURE_DIR"],
                                         buffer_bytes=int(os.environ.get("EAGLEBOX_CAPTURE_BUFFER_BYTES", 4 << 30)),
                                         nice_writers=os.environ.get("EAGLEBOX_CAPTURE_NICE_WRITERS") == "1",
