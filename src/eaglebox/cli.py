@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -22,6 +23,54 @@ STAGES = {
 
 TINY_ARCHS = {"llama": Path(".cache/tiny"), "deepseek_v3": Path(".cache/tiny-mla")}
 """``eaglebox tiny --arch``: the tiny targets and their default directories."""
+
+
+def _load(path: Path, overrides: list[str]):
+    try:
+        return load_config(path, overrides)
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {err.start}: {err.object[err.start:err.start + 1]!r}); "
+                          "save the config as UTF-8") from None
+
+
+def check_config(cfg, path: Path) -> None:
+    """Refuse, before anything starts, what the commands would refuse later: the target's
+    ``config.json`` unreadable or without what eaglebox reads, an architecture whose SGLang layer rule
+    is unknown, layer ids the target does not have, an engine the launch refuses (torch_native for an
+    MLA target on CPU, no ``engine.max_total_tokens`` on CPU), a draft shape or RoPE the trainer and
+    SGLang would read differently. Reads ``config.json`` only (no weights, no torch)."""
+    from eaglebox.draft.spec import draft_spec
+    from eaglebox.engine.launch import base_args, hidden_state_options
+    from eaglebox.shards.spec import DTYPE_BYTES
+    from eaglebox.target.config import text_config
+    from eaglebox.target.layers import sglang_layer_ids
+
+    target = Path(cfg.model.path) / "config.json"
+    try:
+        text = text_config(cfg.model.path)
+        missing = [k for k in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
+                               "vocab_size") if k not in text]
+        if missing:
+            raise EagleboxError(f"{target}: no {', '.join(missing)}; model.path must name an HF-style target "
+                                "directory whose config.json gives its shape")
+        ids = sglang_layer_ids(cfg)
+        dtype = hidden_state_options(cfg)["dtype"]
+        if dtype not in DTYPE_BYTES:
+            raise EagleboxError(f"model.dtype: auto reads {dtype!r} from {target}, which eaglebox cannot capture "
+                                f"in; set model.dtype to one of {', '.join(DTYPE_BYTES)}")
+        base_args(cfg)
+        draft_spec(cfg.model.path, cfg.train.draft, len(ids))
+    except FileNotFoundError as err:  # model.path: cannot read .../config.json
+        raise EagleboxError(f"{path}: {err}; set model.path to the target's directory") from None
+    except EagleboxError as err:
+        raise EagleboxError(f"{path}: {err}") from None
+    except json.JSONDecodeError as err:
+        raise EagleboxError(f"{path}: model.path: {target} is not valid JSON ({err})") from None
+    except ValueError as err:  # the launch's own checks name their key (e.g. engine.max_total_tokens)
+        raise EagleboxError(f"{path}: {err}; set it in the config or as an override") from None
+    except (KeyError, TypeError) as err:
+        raise EagleboxError(f"{path}: model.path: {target} has an unexpected shape ({type(err).__name__}: {err}); "
+                            "model.path must name an HF-style target directory") from None
 
 
 def _stage(name: str):
@@ -65,9 +114,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"tiny data: {paths['train']} and {paths['heldout']}")
             return 0
         if args.verb == "config":
-            print(dump_config(load_config(args.config, args.overrides)), end="")
+            cfg = _load(args.config, args.overrides)
+            check_config(cfg, args.config)
+            print(dump_config(cfg), end="")
             return 0
-        cfg = load_config(args.config, args.overrides)
+        cfg = _load(args.config, args.overrides)
+        check_config(cfg, args.config)
         return _stage(args.verb)(cfg) or 0
     except ConfigError as err:
         print(f"eaglebox: config error:\n{err}", file=sys.stderr)

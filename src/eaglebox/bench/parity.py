@@ -8,9 +8,13 @@ spec says SGLang hooks (``captured_layer_inputs``; HF's ``hidden_states[i]`` is 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
-from eaglebox.shards.format import ShardReader
+from eaglebox.errors import EagleboxError
+from eaglebox.shards.format import MANIFEST, ShardError, ShardReader, sample_tensors, tensor_sha256
+from eaglebox.target.config import text_config
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -21,12 +25,49 @@ def _max_rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).abs().max() / b.abs().max().clamp_min(1e-12)).item()
 
 
+def check_reference(spec: dict, model_path, shards_dir) -> int:
+    """Refuse a reference model that cannot reproduce what the shards claim: a captured layer input it
+    does not have, another hidden size or layer count; returns its vocabulary size."""
+    config = Path(model_path) / "config.json"
+    text = text_config(model_path)
+    n, H, vocab = int(text["num_hidden_layers"]), int(text["hidden_size"]), int(text["vocab_size"])
+    where = f"{Path(shards_dir) / MANIFEST} (capture spec)"
+    fix = ("point model.path at the target the shards were captured from, or extract the shards again from "
+           "this one (`eaglebox extract`)")
+    bad = [i for i in spec["captured_layer_inputs"] if not 0 <= i < n]
+    if bad:
+        raise EagleboxError(f"{where}: captured_layer_inputs {spec['captured_layer_inputs']} (layer_ids "
+                            f"{spec['layer_ids']}) name the inputs of layers {bad}, which the reference "
+                            f"{config} ({n} layers: inputs 0..{n - 1}) does not have; {fix}")
+    if spec["hidden_size"] != H:
+        raise EagleboxError(f"{where}: hidden_size {spec['hidden_size']}, the reference {config} has {H}; {fix}")
+    if spec.get("num_layers", n) != n:
+        raise EagleboxError(f"{where}: captured from a {spec['num_layers']}-layer target, the reference {config} "
+                            f"has {n} layers; {fix}")
+    return vocab
+
+
 def parity_report(shards_dir, model_path, num_samples: int = 8, trust_remote_code: bool = False) -> dict:
-    """``trust_remote_code``: ``model.trust_remote_code`` (a model whose modeling code ships with it)."""
+    """``trust_remote_code``: ``model.trust_remote_code`` (a model whose modeling code ships with it).
+
+    The samples compared are hashed against the manifest first: a feature file changed on disk is
+    refused, not reported as a parity failure."""
     from transformers import AutoModelForCausalLM
 
     reader = ShardReader(shards_dir)
     spec = reader.header
+    vocab = check_reference(spec, model_path, shards_dir)
+    digests = [s["sha256"] for shard in reader.manifest["shards"] for s in shard["samples"]]
+    for i in range(min(num_samples, len(reader))):
+        path = reader.index[i][0]
+        if tensor_sha256(sample_tensors(path)[0]) != digests[i]:
+            raise ShardError(f"{path}: its tensors' sha256 differs from {MANIFEST}: the file changed after "
+                             "capture; extract again")
+        ids, _ = reader.ids_and_mask(i)
+        if int(ids.max()) >= vocab:
+            raise EagleboxError(f"{path}: token id {int(ids.max())} is beyond the reference's vocabulary "
+                                f"({vocab}, {Path(model_path) / 'config.json'}); point model.path at the target "
+                                "the shards were captured from")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32,
                                                  trust_remote_code=trust_remote_code).eval()
     H = spec["hidden_size"]
