@@ -28,7 +28,6 @@ from pathlib import Path
 
 import requests
 import torch
-from safetensors import safe_open
 
 from eaglebox import progress
 from eaglebox.errors import EagleboxError
@@ -39,6 +38,7 @@ from eaglebox.shards.format import (
     file_sha256,
     fsync_dir,
     load_manifest,
+    open_safetensors,
     save_manifest,
     shard_dir,
     shard_name,
@@ -327,7 +327,7 @@ def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120) -> None:
 def verify_staged(path: Path, p: Planned, spec: dict) -> str:
     """Check one staged sample against what was sent, from its header and token ids (no feature bytes
     read); returns the tensor sha256 the server computed as it wrote the file."""
-    with safe_open(str(path), "pt") as f:
+    with open_safetensors(path, ExtractError) as f:
         meta = f.metadata()
         ids = f.get_tensor("input_ids").tolist()
         aux, last = f.get_slice("aux"), f.get_slice("last")

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from eaglebox.errors import EagleboxError
 
@@ -38,6 +38,18 @@ MANIFEST = "manifest.json"
 
 class ShardError(EagleboxError, ValueError):
     pass
+
+
+@contextmanager
+def open_safetensors(path: Path, error: type[EagleboxError] = ShardError):
+    """``safe_open`` that names the file: a truncated or corrupt file raises ``error`` (safetensors' own
+    error names none)."""
+    try:
+        with safe_open(str(path), "pt") as f:
+            yield f
+    except SafetensorError as err:
+        raise error(f"{path}: not a complete safetensors file ({err}); it was cut short or overwritten: "
+                    "remove it and run the command again to rewrite it") from err
 
 
 @contextmanager
@@ -144,7 +156,7 @@ def shard_dir(index: int) -> str:
 
 def sample_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
     """A sample file's ``input_ids``, ``aux`` and ``last``, and its metadata."""
-    with safe_open(str(path), "pt") as f:
+    with open_safetensors(path) as f:
         return {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}, f.metadata()
 
 
@@ -207,7 +219,7 @@ class ShardReader:
                 raise ShardError(f"{path}: listed in {MANIFEST} but missing")
             if verify and file_sha256(path) != shard["sha256"]:
                 raise ShardError(f"{path}: sha256 differs from {MANIFEST}")
-            with safe_open(str(path), "pt") as f:
+            with open_safetensors(path) as f:
                 self._ids.append(f.get_tensor("input_ids"))
                 self._masks.append(f.get_tensor("loss_mask"))
             for s in shard["samples"]:
@@ -233,6 +245,6 @@ class ShardReader:
         path, _, _, n = self.index[i]
         n = min(n, max_rows) if max_rows else n
         ids, mask = self.ids_and_mask(i)
-        with safe_open(str(path), "pt") as f:
+        with open_safetensors(path) as f:
             return {"input_ids": ids[:n], "loss_mask": mask[:n], "aux": f.get_slice("aux")[:n],
                     "last": f.get_slice("last")[:n]}
