@@ -69,7 +69,7 @@ def test_mla_capture_matches_hf_and_gate_passes(mla_loop):
     r = steps["parity"]
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     parity = _json(r.stdout)
-    print(json.dumps({"parity": [(x["captured_layer_input"], x["cos"]) for x in parity["aux"]],
+    print(json.dumps({"parity": [(x["reference_index"], x["cos"]) for x in parity["aux"]],
                       "last": parity["last"]["cos"]}))
     for layer in parity["aux"]:
         assert layer["cos"] >= 0.9999 and layer["best_reference_index"] == layer["reference_index"], layer
@@ -79,7 +79,7 @@ def test_mla_capture_matches_hf_and_gate_passes(mla_loop):
     report = json.loads((d / "bench" / "check.json").read_text())
     print(json.dumps({k: report[k]["accept_length"] for k in ("trained", "random_control")}))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert report["trained"]["accept_length"] >= 2.0
+    assert report["trained"]["accept_length"] >= 1.5  # the gate's bench.min_accept_length in the config
     assert report["random_control"]["accept_length"] <= 1.3
     draft = json.loads((d / "train" / "draft" / "config.json").read_text())
     assert draft["architectures"] == ["LlamaForCausalLMEagle3"]

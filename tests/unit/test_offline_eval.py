@@ -55,6 +55,7 @@ def test_first_miss_and_none_accepted():
 
 
 def test_per_position_rates_and_summary():
-    assert per_position([3, 1, 0, 2], 3) == [3 / 4, 2 / 3, 1 / 2]
+    assert per_position([3, 1, 0, 2], 3) == [0.75, 0.6667, 0.5]
+    assert per_position([0, 0], 3) == [0.0, None, None]  # JSON null where no step reached the position
     s = summarize([{"completion_tokens": 10, "verify_ct": 4, "accept_length": 2.5, "accepted": [1, 2, 0, 3]}], 3, "0.5.23")
     assert s["accept_length"] == 2.5 and s["engine_version"] == "0.5.23" and s["accept_rate_per_position"][0] == 0.75

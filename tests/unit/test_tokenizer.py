@@ -37,8 +37,9 @@ def cfg_for(tmp_path, model, *overrides):
 
 def test_custom_tokenizer_code_runs_only_when_trusted(tmp_path):
     model = custom_tokenizer_model(tmp_path / "m")
-    with pytest.raises(EagleboxError, match=r"model.trust_remote_code: .*/m's tokenizer is code shipped with the "
-                                            r"model; set model.trust_remote_code=true"):
+    with pytest.raises(EagleboxError, match=r"model.trust_remote_code: .*/m/tokenizer_config.json names a tokenizer "
+                                            r"class shipped as code with the model \(auto_map\); set "
+                                            r"model.trust_remote_code=true"):
         load_tokenizer(cfg_for(tmp_path, model))
     trusted = cfg_for(tmp_path, model, "model.trust_remote_code=true")
     assert type(load_tokenizer(trusted)).__name__ == "ShippedTokenizer"

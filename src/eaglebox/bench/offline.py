@@ -58,12 +58,13 @@ def simulate(draft, seq: torch.Tensor, feats: torch.Tensor, prompt_len: int, num
             "accept_length": completion / cycles if cycles else float("nan"), "accepted": accepted}
 
 
-def per_position(accepted: list[int], num_steps: int) -> list[float]:
-    """P(draft token k accepted | tokens before it accepted), k = 1..num_steps."""
+def per_position(accepted: list[int], num_steps: int) -> list[float | None]:
+    """P(draft token k accepted | tokens before it accepted), k = 1..num_steps, to 4 places; None
+    where no verify step reached position k (JSON null, not NaN, which JSON does not have)."""
     out = []
     for k in range(1, num_steps + 1):
         reached = sum(a >= k - 1 for a in accepted)
-        out.append(sum(a >= k for a in accepted) / reached if reached else float("nan"))
+        out.append(round(sum(a >= k for a in accepted) / reached, 4) if reached else None)
     return out
 
 
@@ -75,7 +76,7 @@ def summarize(requests: list[dict], num_steps: int, engine_version: str) -> dict
             "eagle_topk": 1, "requests": len(requests), "completion_tokens": completion, "verify_ct": cycles,
             "accept_length": completion / cycles if cycles else float("nan"),
             "accept_length_per_request": [round(r["accept_length"], 4) for r in requests],
-            "accept_rate_per_position": [round(x, 4) for x in per_position(accepted, num_steps)]}
+            "accept_rate_per_position": per_position(accepted, num_steps)}
 
 
 def evaluate_draft(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int, engine_version: str) -> dict:

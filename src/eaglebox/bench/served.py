@@ -50,7 +50,7 @@ def acceptance(meta: list[dict], num_steps: int) -> dict:
             "completion_tokens": completion,
             "accept_length_per_request": [round(m["completion_tokens"] / m["spec_verify_ct"], 4)
                                           for m in meta if m.get("spec_verify_ct")],
-            "accept_rate_per_position": [round(x, 4) for x in per_position(accepted, num_steps)]}
+            "accept_rate_per_position": per_position(accepted, num_steps)}
 
 
 def bench_served(cfg, prompts: list[list[int]], out_dir: Path, log=print) -> dict:
@@ -92,7 +92,8 @@ def plot_bench(report: dict, path: Path) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
     axes[0].hist(a["accept_length_per_request"], bins=12)
     axes[0].set(title=f"AL per request (mean {a['accept_length']:.2f})", xlabel="completion tokens / verify steps")
-    axes[1].bar(range(1, len(a["accept_rate_per_position"]) + 1), a["accept_rate_per_position"])
+    rates = [x or 0.0 for x in a["accept_rate_per_position"]]  # None: position never reached
+    axes[1].bar(range(1, len(rates) + 1), rates)
     axes[1].set(title="acceptance per draft position", xlabel="draft position", ylim=(0, 1))
     t = report["throughput"]
     x = range(len(t))
