@@ -43,6 +43,7 @@ import os
 import sys
 
 from eaglebox import SGLANG_VERSION
+from eaglebox.capture.serve_check import layers_to_capture
 from eaglebox.engine.post_import import on_import
 from eaglebox.shards.requests import sample_id_from_rid
 
@@ -75,12 +76,7 @@ def writes_on_this_rank(parallel) -> bool:
 def _captured_layer_inputs(processor) -> list[int] | None:
     """The model's ``layers_to_capture`` (inputs of those layers), read from the running model."""
     worker = getattr(processor, "model_worker", None) or getattr(processor, "tp_worker", None)
-    model = getattr(getattr(worker, "model_runner", None), "model", None)
-    for _, module in model.named_modules() if model is not None else ():
-        layers = getattr(module, "layers_to_capture", None)
-        if layers is not None:  # on the decoder stack, wherever a VLM wrapper nests it
-            return [int(i) for i in layers]
-    return None
+    return layers_to_capture(getattr(getattr(worker, "model_runner", None), "model", None))
 
 
 def patch(module) -> None:

@@ -13,6 +13,7 @@ attention kind (the CPU backend) and dtype.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Literal
 
@@ -100,7 +101,19 @@ def launch_args(cfg: Config, mode: Mode, layer_ids: list[int] | None = None) -> 
     return args
 
 
+def draft_layer_inputs(draft_path: Path) -> list[int] | None:
+    """The layers whose inputs the draft's features came from (its ``eaglebox`` block); None for a
+    draft eaglebox did not train (served only with ``serve.allow_provenance_mismatch``)."""
+    try:
+        block = json.loads((Path(draft_path) / "config.json").read_text()).get("eaglebox") or {}
+    except (OSError, json.JSONDecodeError):
+        return None
+    return block.get("captured_layer_inputs")
+
+
 def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict[str, str]:
+    """``speculative``: the server checks, once SGLang has configured the target for the draft, that
+    it hooks the layers the draft was trained on (``eaglebox.capture.serve_check``)."""
     env = dict(cfg.engine.env)
     if cfg.engine.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
@@ -113,6 +126,8 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict
         env["EAGLEBOX_CAPTURE_BUFFER_BYTES"] = str(cfg.extract.writer_buffer_mb << 20)
         # On CPU the forward runs on the cores the writers would take: they yield to it (nice 19).
         env.setdefault("EAGLEBOX_CAPTURE_NICE_WRITERS", "1" if cfg.engine.device == "cpu" else "0")
+    if mode == "speculative" and (expected := draft_layer_inputs(cfg.serve.draft_path)) is not None:
+        env["EAGLEBOX_EXPECT_LAYER_INPUTS"] = json.dumps(expected)
     return env
 
 

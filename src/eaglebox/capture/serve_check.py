@@ -1,0 +1,58 @@
+"""Serving: inside SGLang, the target's hooked layers checked against the draft's training features.
+
+``eaglebox serve`` sets ``EAGLEBOX_EXPECT_LAYER_INPUTS`` to the layers whose inputs the draft's
+features came from (its ``eaglebox`` block). Once SGLang has told the target which layers to capture
+for the draft (``configure_aux_hidden_state_capture``, before any CUDA graph is captured), the server
+reads them back from the model and refuses to start on a difference: another SGLang build, a rule
+eaglebox has wrong (``target/layers.py``), or a draft config edited by hand would otherwise serve a
+draft fed features it never saw, at an acceptance near 1 and without an error.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from eaglebox.engine.post_import import on_import
+
+AUX_SETUP_MODULE = "sglang.srt.model_executor.model_runner_components.attention_backend_setup"
+
+
+class LayerMismatch(RuntimeError):
+    pass
+
+
+def layers_to_capture(model) -> list[int] | None:
+    """The model's ``layers_to_capture`` (SGLang hooks the inputs of those layers), wherever a wrapper
+    nests the decoder stack."""
+    for _, module in model.named_modules() if model is not None else ():
+        layers = getattr(module, "layers_to_capture", None)
+        if layers is not None:
+            return [int(i) for i in layers]
+    return None
+
+
+def check_layers(model, expected: list[int], given: list[int] | None) -> None:
+    got = layers_to_capture(model)
+    if got != expected:
+        raise LayerMismatch(
+            f"eaglebox: the target {type(model).__name__} hooks the inputs of layers {got} for the draft's "
+            f"eagle_aux_hidden_state_layer_ids {given}, but the draft was trained on the inputs of {expected}; "
+            "this SGLang build or model class turns layer ids into layers differently from the one that "
+            "captured the features. Re-extract and retrain with this build (or restore the draft's config.json).")
+
+
+def patch(module) -> None:
+    stock = module.configure_aux_hidden_state_capture
+    expected = json.loads(os.environ["EAGLEBOX_EXPECT_LAYER_INPUTS"])
+
+    def configure_aux_hidden_state_capture(*, model, **kw):
+        stock(model=model, **kw)
+        if kw.get("eagle_use_aux_hidden_state"):
+            check_layers(model, expected, kw.get("eagle_aux_hidden_state_layer_ids"))
+
+    module.configure_aux_hidden_state_capture = configure_aux_hidden_state_capture
+
+
+def install_import_hook() -> None:
+    on_import(AUX_SETUP_MODULE, patch)
