@@ -160,48 +160,5 @@ def verify_tree_greedy_cpu(*, predicts, accept_index, accept_token_num, candidat
         predicts[last] = tp[last]
 
 
-def wna16_dequantize(weight_packed: torch.Tensor, weight_scale: torch.Tensor, group_size: int) -> torch.Tensor:
-    """A compressed-tensors ``pack-quantized`` symmetric INT4 weight as float32 ``[out, in]``.
-
-    ``weight_packed`` [out, in/8] int32 holds eight 4-bit values a word, element ``j`` in bits
-    ``4j..4j+3`` (lowest first), each stored as ``q + 8``; ``weight_scale`` [out, in/group_size]
-    holds one scale a group of ``group_size`` input columns. The weight is ``q * scale``, as
-    ``compressed_tensors``' own decompressor computes it (``unpack_from_int32``, then dequantise).
-    """
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=weight_packed.device)
-    q = ((weight_packed.unsqueeze(-1) >> shifts) & 0xF).reshape(weight_packed.shape[0], -1) - 8
-    scale = weight_scale.float().repeat_interleave(group_size, dim=1)
-    return q.float() * scale
-
-
-def wna16_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: torch.Tensor, group_size: int,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ dequantize(W).T + bias`` in ``x``'s dtype: a torch stand-in for SGLang's Marlin W4A16 GEMM
-    (``CompressedTensorsWNA16``), which has no CPU path in SGLang 0.5.23. CPU test support only: it
-    dequantises on every call; it is exact to the dequantised weight, not bit-equal to Marlin."""
-    w = wna16_dequantize(weight_packed, weight_scale, group_size).to(x.dtype)
-    return torch.nn.functional.linear(x, w, None if bias is None else bias.to(x.dtype))
-
-
-def moe_align_block_size_torch(topk_ids, num_buckets: int, block_size: int, sorted_ids, expert_ids,
-                               num_tokens_post_pad, cumsum_buffer=None, pad_sorted_token_ids: bool = True,
-                               ignore_invalid_expert: bool = False) -> None:
-    """Torch version of ``sglang.kernels.ops.moe.moe_align_block_size`` (CUDA only), the routing step of
-    SGLang's Triton fused-MoE: bucket ``e + 1`` holds the flat indices of the (token, k) pairs routed to
-    expert ``e`` (bucket 0: expert -1, dropped if ``ignore_invalid_expert``), each bucket padded to a
-    multiple of ``block_size`` with the sentinel ``topk_ids.numel()``; ``expert_ids[j]`` is block ``j``'s
-    expert, ``num_tokens_post_pad[0]`` the padded total. Order within a bucket: ascending index."""
-    flat = topk_ids.reshape(-1).long() + 1
-    sorted_ids.fill_(flat.numel())
-    off = blk = 0
-    for b in range(int(ignore_invalid_expert), num_buckets):
-        idx = (flat == b).nonzero().flatten()
-        nb = -(-idx.numel() // block_size)
-        sorted_ids[off : off + idx.numel()] = idx.to(sorted_ids.dtype)
-        expert_ids[blk : blk + nb] = b - 1
-        off, blk = off + nb * block_size, blk + nb
-    num_tokens_post_pad[0] = off
-
-
 CPU_KERNELS = [name for name in list(globals()) if name.endswith("_cpu")]
 """The names the ``sgl_kernel`` stand-in exports; any other name raises ImportError there."""
