@@ -23,6 +23,38 @@ def capture_server(cfg, spec: dict, log_path: Path):
     return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg), layer_ids=spec["layer_ids"])
 
 
+CORPUS = "corpus.json"
+"""The answers' corpus numbers (:func:`corpus_report`), beside the shards."""
+
+
+def shard_answers(reader, tokenizer) -> list[str]:
+    """Every answer in the shards, as text: each run of loss-masked tokens of each sample, decoded
+    without special tokens (the target's own answers when extraction regenerated them)."""
+    import torch
+
+    out = []
+    for i in range(len(reader)):
+        ids, mask = reader.ids_and_mask(i)
+        m = torch.cat([torch.zeros(1, dtype=torch.bool), mask.bool(), torch.zeros(1, dtype=torch.bool)])
+        edges = (m[1:] != m[:-1]).nonzero().flatten().tolist()
+        for a, b in zip(edges[::2], edges[1::2]):
+            out.append(tokenizer.decode(ids[a:b].tolist(), skip_special_tokens=True))
+    return out
+
+
+def corpus_report(cfg, tokenizer) -> dict:
+    """How varied the shards' answers are (:func:`eaglebox.extract.diversity.answer_stats`: distinct-answer
+    ratio, share of answers dominated by their longest repeated n-gram); written to ``corpus.json`` in
+    ``extract.output_dir`` and returned."""
+    from eaglebox.extract.diversity import answer_stats
+    from eaglebox.shards.format import ShardReader
+
+    out = Path(cfg.extract.output_dir)
+    report = {"regenerated": cfg.extract.regenerate, **answer_stats(shard_answers(ShardReader(out), tokenizer))}
+    (out / CORPUS).write_text(json.dumps(report, indent=1) + "\n")
+    return report
+
+
 def run(cfg) -> int:
     from eaglebox.extract.client import capture, prepare
     from eaglebox.target.tokenizer import load_tokenizer
@@ -44,5 +76,5 @@ def run(cfg) -> int:
     shutil.rmtree(staging, ignore_errors=True)  # committed samples are already removed; leftovers are recomputable
     print(f"extract: {manifest['samples']} samples, {manifest['tokens']:,} tokens in {len(manifest['shards'])} "
           f"shards at {out}")
-    print(json.dumps({"capture": manifest["capture"]}, indent=1))
+    print(json.dumps({"capture": manifest["capture"], "corpus": corpus_report(cfg, tokenizer)}, indent=1))
     return 0

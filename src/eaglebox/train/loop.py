@@ -3,7 +3,9 @@
 Rerunning the same command resumes from the newest complete checkpoint: weights, optimizer, LR
 schedule, RNG, data position. Metrics go to ``metrics.jsonl`` (lines past the resumed step are
 dropped, so an interrupted-then-resumed curve equals an uninterrupted one); the end writes
-``curves.png`` and exports the SGLang draft to ``output_dir/draft``.
+``curves.png`` and exports the SGLang draft to ``output_dir/draft``. With ``train.heldout_share`` the
+trainer scores held-out samples with the gate's evaluator during the run, exports the best draft and
+writes ``report.json`` (:mod:`eaglebox.train.heldout`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from eaglebox.errors import EagleboxError
 from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.shards.spec import NOT_INSTALLED
 from eaglebox.target.weights import load_embed_and_head
-from eaglebox.train import checkpoint
+from eaglebox.train import checkpoint, heldout
 from eaglebox.train.data import batch_indices, collate, steps_per_epoch
 from eaglebox.train.dist import Dist
 from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
@@ -79,9 +81,11 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     ddp = parallelize(model, t.parallel, d.world)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, t.lr, t.weight_decay)
-    per_epoch = steps_per_epoch(len(reader), d.world, t.batch_size)
+    train_ids, held_ids = heldout.split(len(reader), t.heldout_share, t.seed)
+    per_epoch = steps_per_epoch(len(train_ids), d.world, t.batch_size)
     if per_epoch == 0:
-        raise EagleboxError(f"{len(reader)} samples are fewer than one step ({d.world} ranks x batch {t.batch_size})")
+        raise EagleboxError(f"{len(train_ids)} training samples are fewer than one step ({d.world} ranks x batch "
+                            f"{t.batch_size})")
     total = min(t.max_steps or per_epoch * t.epochs, per_epoch * t.epochs)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, total, t.min_lr_ratio))
     ckpt_dir = out / "checkpoints"
@@ -89,6 +93,8 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     resume = checkpoint.latest(ckpt_dir)
     data_order = {"shards": manifest_digest(reader.manifest), "batch_size": t.batch_size,
                   "max_length": t.max_length, "seed": t.seed}
+    if t.heldout_share:  # only then: checkpoints of runs without a held-out split stay resumable
+        data_order["heldout_share"] = t.heldout_share
     if resume is not None:
         step = checkpoint.load(resume, model, optimizer, scheduler, d.rank, d.world, data_order)["step"]
         if d.rank == 0:
@@ -97,6 +103,27 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     if d.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         _truncate_metrics(metrics_path, step)
+    evaluator = None
+    if held_ids and d.rank == 0:
+        samples = heldout.requests(reader, held_ids, t.max_length, t.eval_max_samples)
+        if not samples:
+            raise EagleboxError(f"none of the {len(held_ids)} held-out samples has a prompt and an answer to score")
+        prov = provenance(reader, cfg)
+        evaluator = heldout.Evaluator(out, lambda where, w: export_draft(where, spec, w, prov), embed, samples,
+                                      cfg.serve.num_steps, reader.header["engine_version"], isolated=d.world > 1,
+                                      log=log)
+        evaluator.resume(step)
+        log(f"train: {len(held_ids)} of {len(reader)} samples held out; {len(samples)} scored per evaluation "
+            f"(chain of {cfg.serve.num_steps}, SGLang's draft class)")
+
+    def evaluate(at: int) -> None:
+        w = checkpoint.trainable_state(model)  # collective under FSDP
+        if evaluator is not None:
+            evaluator(at, w)
+        d.barrier()
+
+    if held_ids and step == 0:
+        evaluate(0)
     weights = torch.tensor([t.loss_decay**i for i in range(t.ttt_length)], device=d.device)
     graphs = t.cuda_graphs and d.device.type == "cuda" and d.world == 1
     step_fn = make_step(ddp, optimizer, params, head, weights, t.max_grad_norm, d,
@@ -107,7 +134,8 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     tokens_seen, t0 = torch.zeros((), dtype=torch.int64, device=d.device), time.monotonic()
     while step < total:
         epoch, in_epoch = divmod(step, per_epoch)
-        batch_ids = batch_indices(len(reader), t.seed, epoch, in_epoch, d.world, d.rank, t.batch_size)
+        batch_ids = [train_ids[i] for i in batch_indices(len(train_ids), t.seed, epoch, in_epoch, d.world, d.rank,
+                                                          t.batch_size)]
         batch = collate(reader, batch_ids, t.max_length, d.device, PAD_MULTIPLE if d.device.type == "cuda" else 1)
         grad_norm, stats = step_fn(batch)
         scheduler.step()
@@ -128,6 +156,8 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_per_position'][0]:.2f}",
                             tok_s=f"{row['tokens_per_s']:.0f}")
         bar.update(1)
+        if held_ids and ((t.eval_every and step % t.eval_every == 0) or step == total):
+            evaluate(step)
         if step % t.checkpoint_every == 0 or step == total:
             checkpoint.save(ckpt_dir, step, model, optimizer, scheduler,
                             {"epoch": epoch, "step_in_epoch": in_epoch + 1}, d.rank, d.world, d.barrier,
@@ -138,8 +168,17 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     if d.rank == 0:
         from eaglebox.train.plots import plot_metrics
 
-        export_draft(draft_dir, spec, weights_out, provenance(reader, cfg))
-        plot_metrics(metrics_path, out / "curves.png")
+        if evaluator is None:
+            export_draft(draft_dir, spec, weights_out, provenance(reader, cfg))
+        else:
+            report = {"steps": total, "train_samples": len(train_ids), "heldout_samples": len(held_ids),
+                      **evaluator.finish(draft_dir, weights_out, t.export)}
+            (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+            b, u = report["best"], report["untrained"]
+            log(f"train: exported the {report['exported']} draft (step {report['exported_step']}); held-out AL best "
+                f"{b['accept_length'] if b else float('nan'):.3f}, last {report['last']['accept_length']:.3f}"
+                + (f", untrained {u['accept_length']:.3f}" if u else "") + f"; report {out / 'report.json'}")
+        plot_metrics(metrics_path, out / "curves.png", evals=out / heldout.EVALS)
         log(f"train: exported {draft_dir}; curves {out / 'curves.png'}")
     d.barrier()
     return draft_dir
