@@ -15,7 +15,7 @@ PARITY = r"""
 import json, sys, torch
 from pathlib import Path
 from safetensors.torch import load_file
-from eaglebox.bench.sglang_draft import SGLangDraft
+from eaglebox.draft.sglang_class import SGLangDraft
 from eaglebox.config import load_config
 from eaglebox.shards.format import ShardReader
 from eaglebox.draft.spec import draft_spec

@@ -37,8 +37,8 @@ def spec_with(rope, head_dim=16) -> DraftSpec:
 
 def sglang_attention(tmp_path, spec):
     """The attention module of SGLang's draft class, loaded from the exported directory."""
-    from eaglebox.bench.sglang_draft import SGLangDraft
     from eaglebox.draft.sglang import export_draft
+    from eaglebox.draft.sglang_class import SGLangDraft
     from eaglebox.train.checkpoint import trainable_state
     from eaglebox.train.model import Eagle3Draft
 

@@ -61,7 +61,7 @@ def test_export_computes_in_sglangs_class_what_the_trainer_computes(tmp_path, ar
     """SGLang's class, its loader and absorbed MLA forward (only the paged attention replaced), drafting
     as the server does (extend over 0..t, then chain steps with the drafted hidden state), against the
     trainer's TTT steps at the same positions."""
-    from eaglebox.bench.sglang_draft import SGLangDraft
+    from eaglebox.draft.sglang_class import SGLangDraft
 
     s = spec(arch, fc_norm, norm_output)
     ours = random_draft(s)

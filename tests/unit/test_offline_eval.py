@@ -2,7 +2,7 @@
 
 import torch
 
-from eaglebox.bench.offline import chain_accept, per_position, simulate, summarize
+from eaglebox.draft.offline import chain_accept, per_position, simulate, summarize
 
 
 def test_chain_accept_all_none_first_miss():

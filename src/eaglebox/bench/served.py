@@ -15,7 +15,7 @@ from pathlib import Path
 
 import requests
 
-from eaglebox.bench.offline import per_position
+from eaglebox.draft.offline import per_position
 from eaglebox.engine.launch import server_for
 from eaglebox.shards.spec import engine_version
 

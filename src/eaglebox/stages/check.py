@@ -39,7 +39,7 @@ def export_random_draft(cfg, out: Path) -> Path:
 
 
 def run_gate(cfg, log=print) -> dict:
-    from eaglebox.bench.offline import evaluate_draft
+    from eaglebox.draft.offline import evaluate_draft
     from eaglebox.extract.client import Client, capture, prepare
     from eaglebox.extract.collect import collect
     from eaglebox.shards.spec import capture_spec

@@ -3,7 +3,7 @@
 ``train.heldout_share`` of the shards' samples (a seeded choice, fixed for the run) are never trained
 on. Every ``train.eval_every`` steps and at the last step the trainer exports the current weights as
 an SGLang draft directory and scores it with the acceptance gate's own evaluator
-(:func:`eaglebox.bench.offline.evaluate_draft`: SGLang's ``LlamaForCausalLMEagle3`` loaded by SGLang's
+(:func:`eaglebox.draft.offline.evaluate_draft`: SGLang's ``LlamaForCausalLMEagle3`` loaded by SGLang's
 weight loader, chain drafting of ``serve.num_steps`` tokens, greedy verification) on up to
 ``train.eval_max_samples`` held-out samples. A held-out sample is the gate's kind of request: its
 prompt is the tokens before the first answer token, its continuation the answer (the target's own
@@ -77,7 +77,7 @@ def requests(reader, ids: list[int], max_length: int, limit: int) -> list:
 
 
 def _evaluate(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int, engine_version: str) -> dict:
-    from eaglebox.bench.offline import evaluate_draft
+    from eaglebox.draft.offline import evaluate_draft
 
     with torch.random.fork_rng(devices=[]):  # SGLang's draft class initialises weights: keep the run's RNG
         return evaluate_draft(draft_dir, embed, samples, num_steps, engine_version)

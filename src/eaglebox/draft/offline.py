@@ -2,7 +2,7 @@
 
 For each held-out prompt the target's greedy continuation and its aux features for every position
 come from the SGLang capture server (the engine that serves). The draft is SGLang's own
-``LlamaForCausalLMEagle3`` (:mod:`eaglebox.bench.sglang_draft`). Each cycle drafts ``num_steps``
+``LlamaForCausalLMEagle3`` (:mod:`eaglebox.draft.sglang_class`). Each cycle drafts ``num_steps``
 tokens from the last verified position, accepts the longest prefix equal to the target's tokens,
 and emits it plus the target's bonus token; AL = completion tokens / verify cycles, the number
 SGLang reports as ``completion_tokens / spec_verify_ct``.
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from eaglebox.bench.sglang_draft import SGLangDraft
+from eaglebox.draft.sglang_class import SGLangDraft
 
 
 def chain_accept(draft: list[int], target: list[int]) -> int:
