@@ -34,6 +34,8 @@ def test_kill_9_then_resume_reproduces_the_uninterrupted_loss_curve(tiny_shards,
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = losses(tmp_path / "ref")
     assert len(want) == 8 and want[-1] < want[0]
+    # the run report names the TTT attention kernel (on a GPU: flex blocks chosen from its shared memory)
+    assert json.loads((tmp_path / "ref" / "report.json").read_text())["attention"] == {"cpu": "eager dense reference"}
 
     cut = tmp_path / "cut"
     victim = subprocess.Popen(train_cmd(tiny_shards, cut, "train.checkpoint_every=3"), cwd=ROOT,

@@ -4,8 +4,9 @@ Rerunning the same command resumes from the newest complete checkpoint: weights,
 schedule, RNG, data position. Metrics go to ``metrics.jsonl`` (lines past the resumed step are
 dropped, so an interrupted-then-resumed curve equals an uninterrupted one); the end writes
 ``curves.png`` and exports the SGLang draft to ``output_dir/draft``. With ``train.heldout_share`` the
-trainer scores held-out samples with the gate's evaluator during the run, exports the best draft and
-writes ``report.json`` (:mod:`eaglebox.train.heldout`).
+trainer scores held-out samples with the gate's evaluator during the run and exports the best draft
+(:mod:`eaglebox.train.heldout`). ``report.json`` records the TTT attention kernel chosen for each GPU
+and, with a held-out split, the evaluations.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from eaglebox.train.data import batch_indices, collate, steps_per_epoch
 from eaglebox.train.dist import Dist
 from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
 from eaglebox.train.step import make_optimizer, make_step
+from eaglebox.train.ttt import attention_choices
 from eaglebox.train.vocab import build_vocab, token_counts
 
 
@@ -168,16 +170,18 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     if d.rank == 0:
         from eaglebox.train.plots import plot_metrics
 
+        # the TTT attention kernel chosen per GPU from its shared memory (SM120: small flex blocks)
+        report = {"steps": total, "attention": attention_choices() or {"cpu": "eager dense reference"}}
         if evaluator is None:
             export_draft(draft_dir, spec, weights_out, provenance(reader, cfg))
         else:
-            report = {"steps": total, "train_samples": len(train_ids), "heldout_samples": len(held_ids),
-                      **evaluator.finish(draft_dir, weights_out, t.export)}
-            (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+            report |= {"train_samples": len(train_ids), "heldout_samples": len(held_ids),
+                       **evaluator.finish(draft_dir, weights_out, t.export)}
             b, u = report["best"], report["untrained"]
             log(f"train: exported the {report['exported']} draft (step {report['exported_step']}); held-out AL best "
                 f"{b['accept_length'] if b else float('nan'):.3f}, last {report['last']['accept_length']:.3f}"
                 + (f", untrained {u['accept_length']:.3f}" if u else "") + f"; report {out / 'report.json'}")
+        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
         plot_metrics(metrics_path, out / "curves.png", evals=out / heldout.EVALS)
         log(f"train: exported {draft_dir}; curves {out / 'curves.png'}")
     d.barrier()
