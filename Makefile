@@ -13,23 +13,30 @@ WHEELS := .cache/wheels/.complete
 DOCKER ?= /usr/bin/docker
 COMPOSE = $(DOCKER) compose --env-file compose/.env -f compose/compose.yaml $(if $(CPU),-f compose/compose.cpu.yaml)
 
-.PHONY: venv tiny demo check test test-fast lint wheels docker-engine image image-cpu gpu-lock gpu-closure-check extract train serve bench bench-served clean
+.PHONY: venv tiny tiny-retrain demo check test test-fast lint wheels docker-engine image image-cpu gpu-lock gpu-closure-check extract train serve bench bench-served clean
 
 venv: $(STAMP)
 
 # SGLang's run-time list without its CUDA-only packages, then SGLang itself with --no-deps, then
 # eaglebox (editable) and its activation in this venv: capture hook + the CPU sgl_kernel stand-in.
-$(STAMP): requirements/sglang-0.5.23-runtime.txt requirements/dev.txt pyproject.toml
+$(STAMP): requirements/sglang-0.5.23-runtime.txt requirements/dev.txt requirements/specforge.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q -r requirements/sglang-0.5.23-runtime.txt -r requirements/dev.txt
 	$(BIN)/pip install -q --no-deps sglang==0.5.23
+	$(BIN)/pip install -q --no-deps -r requirements/specforge.txt
 	$(BIN)/pip install -q --no-deps -e .
 	$(BIN)/python -m eaglebox.engine.install --variant cpu
 	touch $@
 
+# The tiny target ships trained in the package (SHIPPED_TINY): `eaglebox tiny` copies it and writes its
+# chat data; `make tiny-retrain` remakes the shipped copy from eaglebox_dev.tiny.RECIPE (~10+ min on 2 cores).
+SHIPPED_TINY := src/eaglebox_dev/assets/tiny-target/eaglebox-tiny.json
 tiny: $(TINY)
-$(TINY): | $(STAMP)
+$(TINY): $(SHIPPED_TINY) | $(STAMP)
 	$(EB) tiny --out .cache/tiny
+
+tiny-retrain: | $(STAMP)
+	$(BIN)/python -m eaglebox_dev.tiny --retrain
 
 # The tiny loop on this machine: capture -> train -> export -> acceptance (offline, SGLang's draft code).
 demo: venv tiny

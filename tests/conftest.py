@@ -41,11 +41,12 @@ def free_port() -> int:
 
 @pytest.fixture(scope="session")
 def tiny_target() -> Path:
-    """The tiny chat target and its data (``eaglebox tiny``), made on first use and cached in .cache/."""
-    from eaglebox_dev.tiny import make_tiny_target, write_chat_data
+    """The tiny chat target and its data (``eaglebox tiny``): the shipped target copied into .cache/ on first
+    use (or after the shipped one changed), and the data set of its corpus written beside it."""
+    from eaglebox_dev.tiny import data_current, make_tiny_target, write_chat_data
 
     make_tiny_target(TINY / "target")
-    if not (TINY / "data" / "heldout.jsonl").exists():
+    if not data_current(TINY / "data"):
         write_chat_data(TINY / "data")
     return TINY / "target"
 
@@ -53,11 +54,11 @@ def tiny_target() -> Path:
 @pytest.fixture(scope="session")
 def tiny_mla_target() -> Path:
     """The tiny DeepSeek-V3 (Kimi-shaped) target and its data (``eaglebox tiny --arch deepseek_v3``), cached."""
-    from eaglebox_dev.tiny import write_chat_data
+    from eaglebox_dev.tiny import data_current, write_chat_data
     from eaglebox_dev.tiny_mla import make_tiny_mla_target
 
     make_tiny_mla_target(TINY_MLA / "target")
-    if not (TINY_MLA / "data" / "heldout.jsonl").exists():
+    if not data_current(TINY_MLA / "data"):
         write_chat_data(TINY_MLA / "data")
     return TINY_MLA / "target"
 
