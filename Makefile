@@ -29,7 +29,8 @@ $(STAMP): requirements/sglang-0.5.23-runtime.txt requirements/dev.txt requiremen
 	touch $@
 
 # The tiny target ships trained in the package (SHIPPED_TINY): `eaglebox tiny` copies it and writes its
-# chat data; `make tiny-retrain` remakes the shipped copy from eaglebox_dev.tiny.RECIPE (~10+ min on 2 cores).
+# chat data; `make tiny-retrain` remakes the shipped copy from eaglebox_dev.tiny.RECIPE (~10+ min on 2 cores),
+# and the Kimi-shaped (DeepSeek-V3) one from eaglebox_dev.tiny_mla.RECIPE (~25 min).
 SHIPPED_TINY := src/eaglebox_dev/assets/tiny-target/eaglebox-tiny.json
 tiny: $(TINY)
 $(TINY): $(SHIPPED_TINY) | $(STAMP)
@@ -37,6 +38,7 @@ $(TINY): $(SHIPPED_TINY) | $(STAMP)
 
 tiny-retrain: | $(STAMP)
 	$(BIN)/python -m eaglebox_dev.tiny --retrain
+	$(BIN)/python -m eaglebox_dev.tiny_mla --retrain
 
 # The tiny loop on this machine: capture -> train -> export -> acceptance (offline, SGLang's draft code).
 demo: venv tiny

@@ -297,14 +297,16 @@ def is_current(out: Path, recipe: dict, log=print) -> bool:
     return False
 
 
-def shipped_ok(src: Path = SHIPPED) -> str | None:
-    """None when ``src`` holds the target of this :data:`RECIPE` with the files its stamp records, else why not."""
+def shipped_ok(src: Path = SHIPPED, recipe: dict | None = None) -> str | None:
+    """None when ``src`` holds the target of ``recipe`` (default :data:`RECIPE`) with the files its stamp
+    records, else why not."""
+    recipe = RECIPE if recipe is None else recipe
     stamp = Path(src) / STAMP
     if not stamp.exists():
         return f"{stamp} is missing"
     st = json.loads(stamp.read_text())
-    if st.get("recipe_sha256") != recipe_hash(RECIPE) or st.get("recipe") != RECIPE:
-        return f"{stamp} records another recipe than eaglebox_dev.tiny.RECIPE"
+    if st.get("recipe_sha256") != recipe_hash(recipe) or st.get("recipe") != recipe:
+        return f"{stamp} records another recipe than the code's"
     if st.get("files") != file_hashes(src):
         return f"{src}: its files do not hash to what {stamp} records"
     return None
@@ -387,12 +389,12 @@ def publish(out: Path, recipe: dict, write, *, t0: float, final_loss: float, log
     return out
 
 
-def copy_shipped(out: Path, *, log=print) -> Path:
-    """Copy the shipped target into ``out`` (through a temporary sibling and one rename)."""
+def copy_shipped(out: Path, src: Path = SHIPPED, *, log=print) -> Path:
+    """Copy the shipped target ``src`` into ``out`` (through a temporary sibling and one rename)."""
     out = Path(out)
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    shutil.copytree(SHIPPED, tmp)
+    shutil.copytree(src, tmp)
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
     log(f"tiny target: copied the shipped target to {out}")

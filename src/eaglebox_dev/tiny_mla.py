@@ -12,8 +12,11 @@ What it shares with Kimi-K2.5's text model (``text_config`` of ``moonshotai/Kimi
 - a tokenizer that is code shipped in the model directory (``tokenization_tiny_kimi.py``, named by
   ``auto_map``): loading it needs ``trust_remote_code``, as Kimi's tiktoken tokenizer does.
 
-The tokenizer's vocabulary, the chat data and the training loop are the tiny Llama target's
-(:mod:`eaglebox_dev.tiny`); so is the cache rule (a directory stamped with this recipe is reused).
+The tokenizer's vocabulary, the chat data (recipe 3's chat + code corpus) and the training loop are
+the tiny Llama target's (:mod:`eaglebox_dev.tiny`); so are the cache rule (a directory stamped with
+this recipe is reused) and the shipping: the trained target is in the package (:data:`SHIPPED`, 4.5 MB,
+stamped with the recipe and every file's sha256) because training it takes 10-25 minutes on a 2-core
+machine; ``python -m eaglebox_dev.tiny_mla --retrain`` remakes it.
 ``moe_layer_freq`` must stay 1: transformers' DeepseekV3 makes every layer past
 ``first_k_dense_replace`` an MoE layer and does not read it, SGLang does.
 
@@ -26,6 +29,7 @@ failed at the first decode step; (256, 32) takes the same split-block path as Ki
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import time
@@ -68,6 +72,7 @@ RECIPE = {
     "seed": 0,
 }
 
+SHIPPED = Path(__file__).parent / "assets" / "tiny-mla-target"
 TOKENIZER_MODULE = Path(__file__).with_name("tokenization_tiny_kimi.py")
 TOKENIZER_CLASS = "TinyKimiTokenizer"
 
@@ -75,12 +80,14 @@ TOKENIZER_CLASS = "TinyKimiTokenizer"
 def target_config(tok) -> dict:
     """``config.json`` as Kimi-K2.5's ``text_config`` spells it (``rope_scaling``, the MoE keys SGLang reads)."""
     r = RECIPE
-    shape = {k: r[k] for k in (
+    # a deep copy: transformers' config class adds keys to the rope_scaling dict it is given, which
+    # would change RECIPE itself (and every stamp would then record another recipe than the code's)
+    shape = copy.deepcopy({k: r[k] for k in (
         "vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers",
         "num_attention_heads", "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
         "n_routed_experts", "n_shared_experts", "num_experts_per_tok", "first_k_dense_replace", "moe_layer_freq",
         "n_group", "topk_group", "topk_method", "scoring_func", "norm_topk_prob", "routed_scaling_factor",
-        "rope_theta", "rope_scaling")}
+        "rope_theta", "rope_scaling")})
     f = r["rope_scaling"]
     return {
         "architectures": [r["architecture"]], "model_type": "deepseek_v3", **shape,
@@ -130,11 +137,17 @@ def check_same_ids(fast, tok, convs) -> None:
             raise RuntimeError(f"{TOKENIZER_CLASS} and the tiny BPE decode differently: {c!r}")
 
 
-def make_tiny_mla_target(out: Path, *, log=print) -> Path:
-    """Create (or reuse) the tiny DeepSeek-V3 target in ``out``; returns ``out``."""
+def make_tiny_mla_target(out: Path, *, retrain: bool = False, log=print) -> Path:
+    """Create (or reuse) the tiny DeepSeek-V3 target in ``out``; returns ``out``. The shipped target is
+    copied when it matches :data:`RECIPE`; otherwise, or with ``retrain``, it is trained."""
     out = Path(out)
-    if tiny.is_current(out, RECIPE, log):
-        return out
+    if not retrain:
+        if tiny.is_current(out, RECIPE, log):
+            return out
+        why = tiny.shipped_ok(SHIPPED, RECIPE)
+        if why is None:
+            return tiny.copy_shipped(out, SHIPPED, log=log)
+        log(f"tiny target: not using the shipped DeepSeek-V3 target ({why}); training it (10+ minutes)")
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 
@@ -155,3 +168,23 @@ def make_tiny_mla_target(out: Path, *, log=print) -> Path:
         check_same_ids(fast, tok, convs[:200])
 
     return tiny.publish(out, RECIPE, write, t0=t0, final_loss=loss, log=log)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m eaglebox_dev.tiny_mla --retrain``: remake the shipped target from :data:`RECIPE`."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m eaglebox_dev.tiny_mla", description=main.__doc__)
+    p.add_argument("--retrain", action="store_true", required=True,
+                   help=f"train the target and replace the shipped copy ({SHIPPED})")
+    p.parse_args(argv)
+    make_tiny_mla_target(SHIPPED, retrain=True)
+    why = tiny.shipped_ok(SHIPPED, RECIPE)
+    if why is not None:
+        raise SystemExit(f"retrained target does not check out: {why}")
+    print(f"tiny target: shipped copy remade in {SHIPPED}; commit it")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
