@@ -16,7 +16,7 @@ from conftest import ROOT, TINY_CONFIG, eaglebox_cli
 pytestmark = pytest.mark.sglang  # the shards come from a real server
 
 COMMON = ["train.batch_size=4", "train.max_length=320", "train.log_every=1", "train.ttt_length=3",
-          "train.max_steps=8", "train.warmup_steps=2"]
+          "train.max_steps=8", "train.warmup_steps=2", "train.heldout_share=0"]
 
 
 def losses(out):

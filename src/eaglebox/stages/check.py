@@ -44,7 +44,7 @@ def run_gate(cfg, log=print) -> dict:
     from eaglebox.extract.collect import collect
     from eaglebox.shards.spec import capture_spec
     from eaglebox.stages.bench import heldout_prompts
-    from eaglebox.stages.extract import capture_server, staging_dir
+    from eaglebox.stages.extract import capture_server, corpus_report, staging_dir
     from eaglebox.target.tokenizer import load_tokenizer
     from eaglebox.target.weights import load_embed_and_head
     from eaglebox.train.loop import run_train
@@ -71,6 +71,7 @@ def run_gate(cfg, log=print) -> dict:
         t2 = time.monotonic()
         client = Client(srv.url, cfg.extract.max_retries, cfg.extract.retry_backoff_s, srv.alive)
         samples = collect(client, prompts, cfg.bench.max_new_tokens, staging, spec)
+    corpus = corpus_report(cfg, tok)  # what the AL is measured on: how varied the target's answers are
     embed, _ = load_embed_and_head(Path(cfg.model.path))
     random_dir = export_random_draft(cfg, Path(cfg.train.output_dir) / "random-draft")
     report = {
@@ -78,6 +79,7 @@ def run_gate(cfg, log=print) -> dict:
         "random_control": evaluate_draft(random_dir, embed, samples, cfg.serve.num_steps, spec["engine_version"]),
         "min_accept_length": cfg.bench.min_accept_length,
         "random_control_max_accept_length": RANDOM_CONTROL_MAX_AL,
+        "corpus": corpus,
     }
     timings["evaluate_s"] = round(time.monotonic() - t2, 1)
     report["timings"] = timings
@@ -93,7 +95,7 @@ def run(cfg) -> int:
     t, c = r["trained"], r["random_control"]
     print(json.dumps({"trained_accept_length": t["accept_length"], "random_accept_length": c["accept_length"],
                       "accept_rate_per_position": t["accept_rate_per_position"], "sglang": t["engine_version"],
-                      "timings": r["timings"], "passed": r["passed"]}, indent=1))
+                      "corpus": r["corpus"], "timings": r["timings"], "passed": r["passed"]}, indent=1))
     if not r["passed"]:
         print(f"check FAILED: trained AL {t['accept_length']:.3f} (need >= {r['min_accept_length']}), "
               f"random-weights AL {c['accept_length']:.3f} (need <= {r['random_control_max_accept_length']})")
