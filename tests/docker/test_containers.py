@@ -121,8 +121,9 @@ def test_every_module_imports_from_the_installed_run_time_deps(cpu_image):
 
 SERVED = ["model.path=/models/tiny/target", "bench.prompts=/models/tiny/data/heldout.jsonl", "bench.num_prompts=4",
           "bench.max_new_tokens=24", "bench.concurrency=[1]", "bench.min_accept_length=null"]
-MARGIN = 0.5
-"""The trained draft's served AL must exceed the random-weights control's by this much, and the control
+MARGIN = 0.3
+"""Measured 2026-12-04: trained 1.625, control 1.054 (4 prompts x 24 tokens, 80 steps). The trained
+draft's served AL must exceed the random-weights control's by this much, and the control
 must stay at or below the gate's ``RANDOM_CONTROL_MAX_AL`` (as ``eaglebox check`` compares them in
 ``tests/integration/test_export_and_gate.py``): AL counts the verified token, so any draft reaches 1.0."""
 
