@@ -443,20 +443,26 @@ def train_tiny_target(out: Path, *, log=print) -> Path:
     return publish(out, RECIPE, write, t0=t0, final_loss=loss, log=log)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m eaglebox_dev.tiny --retrain``: remake the shipped target from :data:`RECIPE`."""
+def retrain_cli(argv: list[str] | None, module: str, train, shipped: Path, recipe: dict) -> int:
+    """``python -m <module> --retrain``: ``train(shipped)`` remakes the shipped target from ``recipe``,
+    which must then check out (:func:`shipped_ok`)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m eaglebox_dev.tiny", description=main.__doc__)
+    p = argparse.ArgumentParser(prog=f"python -m {module}", description=f"remake the shipped target of {module}")
     p.add_argument("--retrain", action="store_true", required=True,
-                   help=f"train the target and replace the shipped copy ({SHIPPED})")
+                   help=f"train the target and replace the shipped copy ({shipped})")
     p.parse_args(argv)
-    train_tiny_target(SHIPPED)
-    why = shipped_ok()
+    train(shipped)
+    why = shipped_ok(shipped, recipe)
     if why is not None:
         raise SystemExit(f"retrained target does not check out: {why}")
-    print(f"tiny target: shipped copy remade in {SHIPPED}; commit it")
+    print(f"tiny target: shipped copy remade in {shipped}; commit it")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m eaglebox_dev.tiny --retrain``: remake the shipped target from :data:`RECIPE`."""
+    return retrain_cli(argv, "eaglebox_dev.tiny", train_tiny_target, SHIPPED, RECIPE)
 
 
 if __name__ == "__main__":

@@ -172,18 +172,8 @@ def make_tiny_mla_target(out: Path, *, retrain: bool = False, log=print) -> Path
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m eaglebox_dev.tiny_mla --retrain``: remake the shipped target from :data:`RECIPE`."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m eaglebox_dev.tiny_mla", description=main.__doc__)
-    p.add_argument("--retrain", action="store_true", required=True,
-                   help=f"train the target and replace the shipped copy ({SHIPPED})")
-    p.parse_args(argv)
-    make_tiny_mla_target(SHIPPED, retrain=True)
-    why = tiny.shipped_ok(SHIPPED, RECIPE)
-    if why is not None:
-        raise SystemExit(f"retrained target does not check out: {why}")
-    print(f"tiny target: shipped copy remade in {SHIPPED}; commit it")
-    return 0
+    return tiny.retrain_cli(argv, "eaglebox_dev.tiny_mla", lambda d: make_tiny_mla_target(d, retrain=True),
+                            SHIPPED, RECIPE)
 
 
 if __name__ == "__main__":
