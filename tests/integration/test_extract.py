@@ -61,7 +61,8 @@ def test_concurrent_chunked_capture_matches_hf_layer_by_layer(capture_server, tm
                                 "extract.shard_size=6", "extract.concurrency=4")
     assert [s["file"] for s in manifest["shards"]] == [f"shard-0000{i}.safetensors" for i in range(3)]
     rows = [r["rows"] for s in manifest["shards"] for r in s["samples"]]
-    assert rows == [len(p.input_ids) for p in planned] and max(rows) > 64 * 3  # several chunks each
+    assert rows == [len(p.input_ids) for p in planned]
+    assert max(rows) > 64 * 2 and sum(r > 64 for r in rows) >= 4  # several samples span chunks, one three
     reader = ShardReader(tmp_path / "c4", verify=True)
     for i, p in enumerate(planned):
         assert reader.get(i)["input_ids"].tolist() == p.input_ids
