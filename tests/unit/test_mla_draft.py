@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eaglebox.config import load_config
-from eaglebox.draft.sglang import check_export, export_draft, recover_export
+from eaglebox.draft.sglang import check_export, export_draft, recover_export, replace_dir
 from eaglebox.draft.spec import DraftSpec, draft_spec
 from eaglebox.errors import EagleboxError
 from eaglebox.train.checkpoint import trainable_state
@@ -265,18 +265,19 @@ class Crash(BaseException):
 
 
 def test_export_swaps_atomically_whatever_line_it_dies_on(tmp_path):
-    """Run the export once per line of ``export_draft``, dying just before that line (a trace function
-    raises there, as a kill would stop it): at every point a complete draft, old or new, is at ``out``
+    """Run the export once per line of ``export_draft`` and of its swap (``replace_dir``), dying just
+    before that line (a trace function raises there, as a kill would stop it): at every point a complete draft, old or new, is at ``out``
     or its ``.old`` sibling, and the next export (or :func:`recover_export`) leaves one at ``out``."""
     s = spec()
     w = trainable_state(random_draft(s))
     out = tmp_path / "draft"
     old_dir = tmp_path / ".draft.old"
     lines = set()
+    CODES = (export_draft.__code__, replace_dir.__code__)
 
     def record(frame, event, arg):
-        if frame.f_code is export_draft.__code__ and event == "line":
-            lines.add(frame.f_lineno)
+        if frame.f_code in CODES and event == "line":
+            lines.add((frame.f_code, frame.f_lineno))
         return record
 
     export_draft(out, s, w, {"layer_ids": [1, 2, 3], "tag": "old"})
@@ -286,9 +287,9 @@ def test_export_swaps_atomically_whatever_line_it_dies_on(tmp_path):
     finally:
         sys.settrace(None)
     assert len(lines) > 10
-    for line in sorted(lines):
+    for line in sorted(lines, key=lambda cl: (cl[0].co_name, cl[1])):
         def crash(frame, event, arg, line=line):
-            if frame.f_code is export_draft.__code__ and event == "line" and frame.f_lineno == line:
+            if event == "line" and (frame.f_code, frame.f_lineno) == line:
                 raise Crash(line)
             return crash
 

@@ -104,16 +104,14 @@ def draft_config(spec: DraftSpec, provenance: dict) -> dict:
 
 def export_draft(out_dir: Path, spec: DraftSpec, weights: dict[str, torch.Tensor], provenance: dict,
                  dtype: torch.dtype = torch.bfloat16) -> Path:
-    """Write to a temporary directory, then swap it in: the old draft is renamed aside, the new one
-    renamed into place, the old one deleted. At every moment ``out_dir`` or its ``.old`` sibling
-    holds a complete draft (:func:`recover_export` puts an ``.old`` one back). Returns the directory."""
+    """Write to a temporary directory, check it, then swap it in (:func:`replace_dir`; after a crash
+    :func:`recover_export` puts an ``.old`` draft back). Returns the directory."""
     out_dir = Path(out_dir)
     want = serving_keys(spec.architecture, spec.num_aux if spec.fc_norm else 0)
     if set(weights) != want:
         raise EagleboxError(f"draft weights differ from SGLang's keys: {sorted(set(weights) ^ want)}")
     tensors = {k: (v if v.dtype in (torch.int64, torch.bool) else v.to(dtype)).contiguous() for k, v in weights.items()}
-    recover_export(out_dir)
-    tmp, old = out_dir.with_name(f".{out_dir.name}.tmp"), out_dir.with_name(f".{out_dir.name}.old")
+    tmp = out_dir.with_name(f".{out_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt"})
@@ -121,18 +119,27 @@ def export_draft(out_dir: Path, spec: DraftSpec, weights: dict[str, torch.Tensor
     for f in tmp.iterdir():  # safetensors writes 0600; a serving container runs as another user
         f.chmod(0o644)
     check_export(tmp)
-    if out_dir.exists():
-        os.rename(out_dir, old)
-    os.rename(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, out_dir)
     kv = kv_cache_report(spec, dtype)
     print(f"export: {CLASSES[spec.architecture]} draft -> {out_dir}; draft KV cache {kv['bytes_per_token']} bytes a "
           f"token in {kv['dtype']} ({kv['formula']})", flush=True)
     return out_dir
 
 
+def replace_dir(new: Path, out_dir: Path) -> None:
+    """Put the complete directory ``new`` at ``out_dir``: the old one renamed aside, the new one renamed
+    in, the old one deleted. At every moment ``out_dir`` or its ``.old`` sibling holds a complete draft."""
+    out_dir = Path(out_dir)
+    recover_export(out_dir)
+    old = out_dir.with_name(f".{out_dir.name}.old")
+    if out_dir.exists():
+        os.rename(out_dir, old)
+    os.rename(new, out_dir)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def recover_export(out_dir: Path) -> None:
-    """After a crash between the two renames of :func:`export_draft`: put the old draft back."""
+    """After a crash between the two renames of :func:`replace_dir`: put the old draft back."""
     out_dir = Path(out_dir)
     old = out_dir.with_name(f".{out_dir.name}.old")
     if old.exists() and not out_dir.exists():

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from eaglebox.draft.sglang import replace_dir
 from eaglebox.errors import EagleboxError
 
 EVALS = "evals.jsonl"
@@ -168,8 +169,7 @@ class Evaluator:
         better = step > 0 and (self.best is None or row["accept_length"] > self.best["accept_length"])
         if better:
             (tmp / STAMP).write_text(json.dumps(row, indent=1) + "\n")
-            shutil.rmtree(self.out / BEST, ignore_errors=True)
-            tmp.rename(self.out / BEST)
+            replace_dir(tmp, self.out / BEST)
             self.best = row
         else:
             shutil.rmtree(tmp)
@@ -191,8 +191,7 @@ class Evaluator:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.copytree(src, tmp)
         (tmp / STAMP).unlink(missing_ok=True)
-        shutil.rmtree(draft_dir, ignore_errors=True)
-        tmp.rename(draft_dir)
+        replace_dir(tmp, draft_dir)
         rows = [json.loads(x) for x in self.path.read_text().splitlines() if x] if self.path.exists() else []
         return {"heldout_requests": len(self.samples), "num_steps": self.num_steps, "evals": rows,
                 "untrained": next((r for r in rows if r["step"] == 0), None), "best": self.best,
