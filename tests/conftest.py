@@ -24,6 +24,15 @@ TINY_MLA = ROOT / ".cache" / "tiny-mla"
 TINY_MLA_CONFIG = ROOT / "configs" / "tiny-mla-cpu.yaml"
 
 
+def config_for_model(tmp_path: Path, model: Path, *overrides: str):
+    """A config naming only ``model`` (every other key at its default), with dotted ``overrides``."""
+    from eaglebox.config import load_config
+
+    p = tmp_path / "c.yaml"
+    p.write_text(f"model:\n  path: {model}\n")
+    return load_config(p, list(overrides))
+
+
 def free_port() -> int:
     """A free port for a server that binds it seconds later. Not one from bind(0): the kernel hands
     out the same ephemeral ports to later bind(0) calls and outgoing connections, and once one was

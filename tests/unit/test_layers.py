@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from eaglebox.config import load_config
+from conftest import config_for_model
 from eaglebox.errors import EagleboxError
 from eaglebox.target.layers import (
     check_layer_inputs,
@@ -48,29 +48,23 @@ def target(tmp_path, arch, n):
     return d
 
 
-def cfg_for(tmp_path, model, *overrides):
-    p = tmp_path / "c.yaml"
-    p.write_text(f"model:\n  path: {model}\n")
-    return load_config(p, list(overrides))
-
-
 def test_sglang_layer_ids_follow_the_targets_rule(tmp_path):
     llama, deepseek = target(tmp_path, "LlamaForCausalLM", 32), target(tmp_path, "DeepseekV3ForCausalLM", 32)
-    assert sglang_layer_ids(cfg_for(tmp_path, llama)) == [1, 15, 28]  # the default: inputs of 2, 16, 29
-    assert sglang_layer_ids(cfg_for(tmp_path, deepseek)) == [2, 16, 29]
+    assert sglang_layer_ids(config_for_model(tmp_path, llama)) == [1, 15, 28]  # the default: inputs of 2, 16, 29
+    assert sglang_layer_ids(config_for_model(tmp_path, deepseek)) == [2, 16, 29]
     both = ("capture.layer_ids=[1, 15, 28]", "capture.convention=output_of_layer")
-    assert sglang_layer_ids(cfg_for(tmp_path, llama, *both)) == [1, 15, 28]
-    assert sglang_layer_ids(cfg_for(tmp_path, deepseek, *both)) == [2, 16, 29]
+    assert sglang_layer_ids(config_for_model(tmp_path, llama, *both)) == [1, 15, 28]
+    assert sglang_layer_ids(config_for_model(tmp_path, deepseek, *both)) == [2, 16, 29]
 
 
 def test_layer_ids_a_model_cannot_hold_or_an_unknown_architecture_are_refused(tmp_path):
     tiny = target(tmp_path, "LlamaForCausalLM", 4)
     with pytest.raises(EagleboxError, match=r"capture.layer_ids: unset, the EAGLE-3 default for 4 layers means the "
                                             r"inputs of layers \[2, 2, 1\] of LlamaForCausalLM: .*strictly increasing"):
-        sglang_layer_ids(cfg_for(tmp_path, tiny))
+        sglang_layer_ids(config_for_model(tmp_path, tiny))
     with pytest.raises(EagleboxError, match=r"capture.layer_ids: \[0, 1, 3\] \(output_of_layer\) .*inputs of layers "
                                             r"1..3"):
-        sglang_layer_ids(cfg_for(tmp_path, tiny, "capture.layer_ids=[0, 1, 3]"))
+        sglang_layer_ids(config_for_model(tmp_path, tiny, "capture.layer_ids=[0, 1, 3]"))
     other = target(tmp_path, "FalconForCausalLM", 8)
     with pytest.raises(EagleboxError, match=r"FalconForCausalLM'.*known: .*DeepseekV3ForCausalLM.*SGLANG_RULES"):
-        sglang_layer_ids(cfg_for(tmp_path, other, "capture.layer_ids=[0, 1, 2]"))
+        sglang_layer_ids(config_for_model(tmp_path, other, "capture.layer_ids=[0, 1, 2]"))

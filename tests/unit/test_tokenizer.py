@@ -6,7 +6,7 @@ import json
 import pytest
 from tokenizers import Tokenizer, models
 
-from eaglebox.config import load_config
+from conftest import config_for_model
 from eaglebox.engine.launch import launch_args
 from eaglebox.errors import EagleboxError
 from eaglebox.target.tokenizer import load_tokenizer
@@ -29,22 +29,16 @@ def custom_tokenizer_model(d):
     return d
 
 
-def cfg_for(tmp_path, model, *overrides):
-    p = tmp_path / "c.yaml"
-    p.write_text(f"model:\n  path: {model}\n")
-    return load_config(p, list(overrides))
-
-
 def test_custom_tokenizer_code_runs_only_when_trusted(tmp_path):
     model = custom_tokenizer_model(tmp_path / "m")
     with pytest.raises(EagleboxError, match=r"model.trust_remote_code: .*/m/tokenizer_config.json names a tokenizer "
                                             r"class shipped as code with the model \(auto_map\); set "
                                             r"model.trust_remote_code=true"):
-        load_tokenizer(cfg_for(tmp_path, model))
-    trusted = cfg_for(tmp_path, model, "model.trust_remote_code=true")
+        load_tokenizer(config_for_model(tmp_path, model))
+    trusted = config_for_model(tmp_path, model, "model.trust_remote_code=true")
     assert type(load_tokenizer(trusted)).__name__ == "ShippedTokenizer"
     assert "--trust-remote-code" in launch_args(trusted, "plain")
-    assert "--trust-remote-code" not in launch_args(cfg_for(tmp_path, model), "plain")
+    assert "--trust-remote-code" not in launch_args(config_for_model(tmp_path, model), "plain")
 
 
 def test_no_stage_loads_a_tokenizer_another_way():
