@@ -242,8 +242,10 @@ def run_specforge(a) -> dict:
 
 
 def evaluate(cfg, p: dict, drafts: dict[str, str]) -> tuple[dict, int]:
-    """Each draft through the gate's offline evaluator on the same held-out requests."""
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    """Each draft through the gate's offline evaluator on the same held-out requests (on the GPU if there
+    is one, SGLang's CUDA code paths; else on the CPU engine)."""
+    import torch
+
     from eaglebox.draft.offline import evaluate_draft
     from eaglebox.target.weights import load_embed_and_head
     from eaglebox.train import heldout
@@ -253,7 +255,8 @@ def evaluate(cfg, p: dict, drafts: dict[str, str]) -> tuple[dict, int]:
         raise SystemExit("no held-out sample has a prompt and an answer to score")
     embed, _ = load_embed_and_head(Path(cfg.model.path))
     version = p["reader"].header["engine_version"]
-    return {name: evaluate_draft(Path(d), embed.float(), samples, cfg.serve.num_steps, version)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    return {name: evaluate_draft(Path(d), embed.float(), samples, cfg.serve.num_steps, version, device)
             for name, d in drafts.items()}, len(samples)
 
 

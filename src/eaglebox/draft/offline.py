@@ -79,10 +79,12 @@ def summarize(requests: list[dict], num_steps: int, engine_version: str) -> dict
             "accept_rate_per_position": per_position(accepted, num_steps)}
 
 
-def evaluate_draft(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int, engine_version: str) -> dict:
+def evaluate_draft(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int, engine_version: str,
+                   device: str | torch.device = "cpu") -> dict:
     """The exported draft in ``draft_dir``, with the target's embedding, over ``samples``
-    [(seq, aux features, prompt_len)]: the summary of :func:`simulate` over each."""
-    draft = SGLangDraft(draft_dir)
+    [(seq, aux features, prompt_len)]: the summary of :func:`simulate` over each. ``device``: where
+    SGLang's draft class runs (a GPU trainer's: a wide draft's chain on the CPU takes minutes)."""
+    draft = SGLangDraft(draft_dir, device=device)
     draft.set_embed(embed)
     return summarize([simulate(draft, seq, feats, n, num_steps) for seq, feats, n in samples], num_steps,
                      engine_version)

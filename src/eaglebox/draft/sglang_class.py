@@ -24,12 +24,14 @@ import torch
 _INITIALISED = False
 
 
-def _init_sglang_runtime() -> None:
-    """World-1 gloo process group and SGLang's published topology; once per process."""
+def _init_sglang_runtime(cpu: bool) -> None:
+    """World-1 gloo process group and SGLang's published topology; once per process. On the CPU,
+    SGLang's CPU engine (its layers' CPU code paths); on a GPU its CUDA ones, as the server runs."""
     global _INITIALISED
     if _INITIALISED:
         return
-    os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+    if cpu:
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     if "MASTER_PORT" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -44,15 +46,16 @@ class CachedAttention(torch.nn.Module):
     """Stands in for ``RadixAttention``: keys and values are kept by position; a query attends to
     every cached key at a position not after its own (one chain: topk 1)."""
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scaling: float, dtype, device):
         super().__init__()
         self.h, self.kv, self.d, self.scaling = num_heads, num_kv_heads, head_dim, scaling
+        self.dtype, self.device = dtype, device
         self.reset()
 
     def reset(self) -> None:
-        self.pos = torch.empty(0, dtype=torch.int64)
-        self.k = torch.empty(0, self.kv, self.d)
-        self.v = torch.empty(0, self.kv, self.d)
+        self.pos = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.k = torch.empty(0, self.kv, self.d, dtype=self.dtype, device=self.device)
+        self.v = torch.empty(0, self.kv, self.d, dtype=self.dtype, device=self.device)
 
     def truncate(self, keep_positions_below: int) -> None:
         keep = self.pos < keep_positions_below
@@ -78,14 +81,15 @@ class CachedMLAAttention(torch.nn.Module):
     """Stands in for MLA's ``attn_mqa``: one shared key a token (latent + RoPE key), kept by position;
     the values are its first ``kv_lora_rank`` columns. q: [n, heads, kv_lora_rank + rope] (absorbed)."""
 
-    def __init__(self, num_heads: int, kv_lora_rank: int, rope_dim: int, scaling: float):
+    def __init__(self, num_heads: int, kv_lora_rank: int, rope_dim: int, scaling: float, dtype, device):
         super().__init__()
         self.h, self.lora, self.d, self.scaling = num_heads, kv_lora_rank, kv_lora_rank + rope_dim, scaling
+        self.dtype, self.device = dtype, device
         self.reset()
 
     def reset(self) -> None:
-        self.pos = torch.empty(0, dtype=torch.int64)
-        self.k = torch.empty(0, self.d)
+        self.pos = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.k = torch.empty(0, self.d, dtype=self.dtype, device=self.device)
 
     def truncate(self, keep_positions_below: int) -> None:
         keep = self.pos < keep_positions_below
@@ -120,29 +124,29 @@ def _load_mla(draft_dir: Path):
 
 
 class SGLangDraft:
-    def __init__(self, draft_dir: Path, dtype: torch.dtype = torch.float32):
-        _init_sglang_runtime()
+    def __init__(self, draft_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        _init_sglang_runtime(cpu=self.device.type == "cpu")
         from safetensors.torch import load_file
 
         arch = json.loads((Path(draft_dir) / "config.json").read_text())["architectures"][0]
         self.mla = arch == "Eagle3DeepseekV2ForCausalLM"
         self.model, attn = (_load_mla if self.mla else _load_llama)(draft_dir)
         self.model.load_weights(load_file(Path(draft_dir) / "model.safetensors").items())
-        self.model.to(dtype).eval()
+        self.model.to(device=self.device, dtype=dtype).eval()
         if self.mla:
             from sglang.srt.models.deepseek_common.attention_forward_methods import AttnForwardMethod
 
             self.model.post_load_weights()  # w_kc / w_vc again, in ``dtype``
             self.attn = CachedMLAAttention(attn.num_local_heads, attn.kv_lora_rank, attn.qk_rope_head_dim,
-                                           attn.scaling)
-            self.attn.k = self.attn.k.to(dtype)
+                                           attn.scaling, dtype, self.device)
             attn.attn_mqa = self.attn
             # the absorbed MLA forward, core through attn_mqa as SGLang's Triton backend runs it
             attn.current_attention_backend = "triton"
             attn.dispatch_attn_forward_method = lambda forward_batch: AttnForwardMethod.MLA
         else:
-            self.attn = CachedAttention(attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scaling)
-            self.attn.k, self.attn.v = self.attn.k.to(dtype), self.attn.v.to(dtype)
+            self.attn = CachedAttention(attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scaling, dtype,
+                                        self.device)
             attn.attn = self.attn
         self.dtype = dtype
         self.hot_token_id = self.model.hot_token_id
@@ -154,14 +158,12 @@ class SGLangDraft:
 
     def reset(self) -> None:
         self.attn.reset()
-        self.attn.k = self.attn.k.to(self.dtype)
-        if not self.mla:
-            self.attn.v = self.attn.v.to(self.dtype)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor):
         """One draft forward over ``n`` tokens: hidden is [n, k*H] (target features: fc applies) or
         [n, H] (the draft's own output). Returns (draft-vocab logits [n, V_d], next hidden [n, H])."""
+        tokens, hidden, positions = (x.to(self.device) for x in (tokens, hidden, positions))
         fb = SimpleNamespace(
             mm_input_embeds=None, positions=positions,
             forward_mode=SimpleNamespace(is_extend=lambda: False, is_draft_extend_v2=lambda: False),

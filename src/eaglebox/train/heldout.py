@@ -77,11 +77,13 @@ def requests(reader, ids: list[int], max_length: int, limit: int) -> list:
     return out
 
 
-def _evaluate(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int, engine_version: str) -> dict:
+def _evaluate(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int, engine_version: str,
+              device: str = "cpu") -> dict:
     from eaglebox.draft.offline import evaluate_draft
 
-    with torch.random.fork_rng(devices=[]):  # SGLang's draft class initialises weights: keep the run's RNG
-        return evaluate_draft(draft_dir, embed, samples, num_steps, engine_version)
+    # SGLang's draft class initialises weights: keep the run's RNG (the GPU's too when it runs there)
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if device.startswith("cuda") else []):
+        return evaluate_draft(draft_dir, embed, samples, num_steps, engine_version, device)
 
 
 def _child(env: dict, args_path: str, q) -> None:
@@ -130,8 +132,10 @@ class Evaluator:
     """Rank 0's evaluations of one run: scores, ``evals.jsonl`` and the best export."""
 
     def __init__(self, out: Path, export, embed: torch.Tensor, samples: list, num_steps: int, engine_version: str,
-                 isolated: bool, log=print):
-        self.out, self.export, self.samples = Path(out), export, samples
+                 isolated: bool, device: str = "cpu", log=print):
+        """``isolated``: each evaluation in a spawned CPU process (multi-rank runs); otherwise in this
+        process on ``device`` (the trainer's)."""
+        self.out, self.export, self.samples, self.device = Path(out), export, samples, device
         self.embed, self.num_steps, self.engine_version = embed.float().cpu(), num_steps, engine_version
         self.isolated, self.log = isolated, log
         self.path = self.out / EVALS
@@ -159,7 +163,7 @@ class Evaluator:
         shutil.rmtree(tmp, ignore_errors=True)
         self.export(tmp, weights)
         args = (tmp, self.embed, self.samples, self.num_steps, self.engine_version)
-        r = evaluate_isolated(*args) if self.isolated else _evaluate(*args)
+        r = evaluate_isolated(*args) if self.isolated else _evaluate(*args, self.device)
         row = {"step": step, "accept_length": r["accept_length"],
                "accept_rate_per_position": r["accept_rate_per_position"], "requests": r["requests"],
                "completion_tokens": r["completion_tokens"], "num_steps": self.num_steps,

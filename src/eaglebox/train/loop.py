@@ -113,7 +113,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         prov = provenance(reader, cfg)
         evaluator = heldout.Evaluator(out, lambda where, w: export_draft(where, spec, w, prov), embed, samples,
                                       cfg.serve.num_steps, reader.header["engine_version"], isolated=d.world > 1,
-                                      log=log)
+                                      device=str(d.device), log=log)
         evaluator.resume(step)
         log(f"train: {len(held_ids)} of {len(reader)} samples held out; {len(samples)} scored per evaluation "
             f"(chain of {cfg.serve.num_steps}, SGLang's draft class)")

@@ -1,0 +1,158 @@
+"""H200: issue 19 item 3 at a realistic width -- eaglebox's trainer vs SpecForge 0.2.0's on the same
+shards, same budget, one evaluator, with a draft of Llama-3.1-8B's width (hidden 4096, 32 heads,
+8 KV heads, intermediate 14336).
+
+No model hub reaches the device, so the target is made here: a 4-layer Llama of hidden 4096 with the
+tiny target's tokenizer (vocab 2048), trained for a minute on the tiny target's task corpus
+(``eaglebox tiny``'s train.jsonl, carried as ``tasks.jsonl.xz``; answers-only loss as in
+``eaglebox_dev.tiny.RECIPE``). Then, through eaglebox's own commands on real SGLang 0.5.23 (CUDA
+graphs, triton attention, the sgl_kernel stand-in): ``eaglebox extract`` regenerates each answer with
+the target and captures the features; ``benchmarks/train_quality.py`` trains both drafts on those
+shards (SpecForge with flex attention and torch.compile, as it runs on GPUs) and scores both with the
+gate's evaluator (SGLang's ``LlamaForCausalLMEagle3`` on the GPU) on the same held-out requests.
+
+    bash tools/h200/run.sh quality [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import lzma
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[3]
+OUT = Path(os.environ.get("OUT", "/tmp/out"))
+WORK = Path("/tmp/h200-quality")
+TINY = ROOT / "src" / "eaglebox_dev" / "assets" / "tiny-target"
+CARRY = ROOT / ".cache" / "h200" / "carry"
+TARGET = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32, "num_key_value_heads": 8,
+          "head_dim": 128, "num_hidden_layers": 4}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def conversations(n: int) -> list[list[dict]]:
+    rows = lzma.decompress((CARRY / "tasks.jsonl.xz").read_bytes()).decode().splitlines()
+    return [json.loads(r)["messages"] for r in rows[:n]]
+
+
+def make_target(steps: int, convs: int) -> Path:
+    """The wide target: tiny's tokenizer and config, Llama-3.1-8B's width, answers-only LM training."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from eaglebox_dev.tiny import answer_stream
+
+    path = WORK / "target"
+    if (path / "model.safetensors").exists():
+        return path
+    tok = AutoTokenizer.from_pretrained(TINY)
+    t0 = time.monotonic()
+    ids, mask, starts = answer_stream(tok, conversations(convs))
+    log(f"target: {len(ids):,} tokens of {convs} conversations tokenized in {time.monotonic() - t0:.0f} s")
+    raw = json.loads((TINY / "config.json").read_text())
+    raw.update(TARGET, dtype="float32")
+    config = LlamaConfig.from_dict(raw)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).cuda()
+    B, T, lr = 32, 256, 6e-4
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=True)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
+    gen = torch.Generator().manual_seed(0)
+    ids, mask = ids.cuda(), mask.cuda()
+    model.train()
+    t0 = time.monotonic()
+    for step in range(steps):
+        at = starts[torch.randint(0, len(starts) - 64, (B,), generator=gen)].tolist()
+        batch = torch.stack([ids[s : s + T + 1] for s in at])
+        labels = batch[:, 1:].masked_fill(~torch.stack([mask[s + 1 : s + T + 1] for s in at]), -100)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            logits = model(input_ids=batch[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 50 == 0 or step == steps - 1:
+            log(f"target: step {step + 1}/{steps} loss {loss.item():.3f}")
+    log(f"target: {steps} steps in {time.monotonic() - t0:.0f} s")
+    tmp = path.with_name("target.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
+        shutil.copy(TINY / f, tmp / f)
+    cfg = json.loads((tmp / "config.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    tmp.replace(path)
+    del model, opt
+    torch.cuda.empty_cache()
+    return path
+
+
+def write_config(target: Path, samples: int) -> Path:
+    """configs/tiny-cpu.yaml with the wide target, the GPU engine and the device's paths."""
+    raw = yaml.safe_load((ROOT / "configs" / "tiny-cpu.yaml").read_text())
+    data = WORK / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    rows = lzma.decompress((CARRY / "tasks.jsonl.xz").read_bytes()).decode().splitlines()
+    (data / "train.jsonl").write_text("\n".join(rows[-samples:]) + "\n")  # not the target's first conversations
+    raw["model"]["path"] = str(target)
+    raw["engine"] = {"device": "cuda", "port": 31500, "attention_backend": "triton", "mem_fraction_static": 0.4,
+                     "startup_timeout_s": 500, "extra_args": ["--sampling-backend", "pytorch"]}
+    raw["extract"].update(dataset=str(data / "train.jsonl"), output_dir=str(WORK / "shards"), max_samples=samples,
+                          concurrency=64, shard_size=256, regenerate_max_new_tokens=64)
+    raw["train"]["output_dir"] = str(WORK / "train")
+    raw["serve"]["draft_path"] = str(WORK / "train" / "draft")
+    raw["bench"].update(prompts=str(data / "train.jsonl"), output_dir=str(WORK / "bench"))
+    path = WORK / "config.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="a short pass of every stage (debugging the check)")
+    a = ap.parse_args()
+    target_steps, convs, samples, steps = (60, 2000, 192, 20) if a.quick else (700, 12000, 1536, 300)
+    WORK.mkdir(parents=True, exist_ok=True)
+    OUT.mkdir(parents=True, exist_ok=True)
+    target = make_target(target_steps, convs)
+    cfg = write_config(target, samples)
+    shutil.copy(cfg, OUT / "config.yaml")
+    env = {**os.environ, "TORCHDYNAMO_DISABLE": "0"}  # SpecForge's flex attention needs torch.compile
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "eaglebox.cli", "extract", "--config", str(cfg)], cwd=ROOT, env=env)
+    log(f"extract: exit {r.returncode} in {time.monotonic() - t0:.0f} s")
+    for f in ("corpus.json", "manifest.json"):
+        if (WORK / "shards" / f).exists():
+            shutil.copy(WORK / "shards" / f, OUT / f)
+    if r.returncode:
+        sys.exit(r.returncode)
+    cmd = [sys.executable, "benchmarks/train_quality.py", "--config", str(cfg), "--shards", str(WORK / "shards"),
+           "--out", str(WORK / "result"), "--steps", str(steps), "--batch-size", "16", "--warmup", "20",
+           "--lr", "6e-4", "--max-length", "512", "--eval-samples", "32", "--heldout-share", "0.05",
+           "--backend", "flex_attention", "--result", str(OUT / "train_quality-h200.txt"), "train.eval_every=100"]
+    log("quality: " + " ".join(cmd[1:]))
+    t0 = time.monotonic()
+    r = subprocess.run(cmd, cwd=ROOT, env=env)
+    log(f"quality: exit {r.returncode} in {time.monotonic() - t0:.0f} s")
+    for f in ("metrics.jsonl", "evals.jsonl", "report.json"):
+        if (WORK / "result" / "eaglebox" / f).exists():
+            shutil.copy(WORK / "result" / "eaglebox" / f, OUT / f"eaglebox-{f}")
+    sys.exit(r.returncode)
+
+
+if __name__ == "__main__":
+    main()
