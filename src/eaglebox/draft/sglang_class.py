@@ -25,8 +25,11 @@ _INITIALISED = False
 
 
 def _init_sglang_runtime(cpu: bool) -> None:
-    """World-1 gloo process group and SGLang's published topology; once per process. On the CPU,
-    SGLang's CPU engine (its layers' CPU code paths); on a GPU its CUDA ones, as the server runs."""
+    """SGLang's layers need a process group and published model-parallel topology even at tp 1: a
+    world-1 gloo group, ``ServerArgs`` of SGLang's no-model sentinel ``dummy`` published under its
+    unrestricted ``test`` role, tp = pp = ep = 1; once per process. (SGLang's
+    own ``sglang.test.layer_ut_utils`` does the same, but its module pulls the test package's imports.)
+    On the CPU, SGLang's CPU engine (its layers' CPU code paths); on a GPU its CUDA ones, as served."""
     global _INITIALISED
     if _INITIALISED:
         return
@@ -36,9 +39,20 @@ def _init_sglang_runtime(cpu: bool) -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    from sglang.test.layer_ut_utils import init_single_process_dist
+    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+        os.environ.setdefault(key, value)
+    from sglang.srt.distributed import parallel_state
+    from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
+    from sglang.srt.server_args import ServerArgs
 
-    init_single_process_dist(master_port=int(os.environ["MASTER_PORT"]))
+    if not torch.distributed.is_initialized():
+        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+    if not parallel_state.model_parallel_is_initialized():
+        reset_context()
+        publish(ServerArgs(model_path="dummy", tp_size=1, ep_size=1, pp_size=1), role="test",
+                ranks=SpawnRanks(world_rank=0))
+        get_parallel().override_permanently(world_group=parallel_state._WORLD)
+        parallel_state.initialize_model_parallel(backend="gloo")
     _INITIALISED = True
 
 
@@ -126,7 +140,7 @@ def _load_mla(draft_dir: Path):
 class SGLangDraft:
     def __init__(self, draft_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         self.device = torch.device(device)
-        _init_sglang_runtime(cpu=self.device.type == "cpu")
+        _init_sglang_runtime(self.device.type == "cpu")
         from safetensors.torch import load_file
 
         arch = json.loads((Path(draft_dir) / "config.json").read_text())["architectures"][0]

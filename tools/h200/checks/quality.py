@@ -110,7 +110,7 @@ def write_config(target: Path, samples: int) -> Path:
     (data / "train.jsonl").write_text("\n".join(rows[-samples:]) + "\n")  # not the target's first conversations
     raw["model"]["path"] = str(target)
     raw["engine"] = {"device": "cuda", "port": 31500, "attention_backend": "triton", "mem_fraction_static": 0.4,
-                     "startup_timeout_s": 500, "extra_args": ["--sampling-backend", "pytorch"]}
+                     "startup_timeout_s": 500, "extra_args": ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", "64"]}
     raw["extract"].update(dataset=str(data / "train.jsonl"), output_dir=str(WORK / "shards"), max_samples=samples,
                           concurrency=64, shard_size=256, regenerate_max_new_tokens=64)
     raw["train"]["output_dir"] = str(WORK / "train")
@@ -125,7 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a short pass of every stage (debugging the check)")
     a = ap.parse_args()
-    target_steps, convs, samples, steps = (60, 2000, 192, 20) if a.quick else (700, 12000, 1536, 300)
+    target_steps, convs, samples, steps = (60, 2000, 192, 20) if a.quick else (600, 12000, 1280, 300)
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     target = make_target(target_steps, convs)
