@@ -110,7 +110,7 @@ def write_config(target: Path, samples: int) -> Path:
     (data / "train.jsonl").write_text("\n".join(rows[-samples:]) + "\n")  # not the target's first conversations
     raw["model"]["path"] = str(target)
     raw["engine"] = {"device": "cuda", "port": 31500, "attention_backend": "triton", "mem_fraction_static": 0.4,
-                     "startup_timeout_s": 500, "extra_args": ["--sampling-backend", "pytorch", "--cuda-graph-max-bs", "64"]}
+                     "startup_timeout_s": 500, "extra_args": ["--sampling-backend", "pytorch", "--cuda-graph-max-bs-decode", "64"]}
     raw["extract"].update(dataset=str(data / "train.jsonl"), output_dir=str(WORK / "shards"), max_samples=samples,
                           concurrency=64, shard_size=256, regenerate_max_new_tokens=64)
     raw["train"]["output_dir"] = str(WORK / "train")
