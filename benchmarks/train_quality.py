@@ -278,8 +278,8 @@ def table(runs: list[dict], scores: dict, plan_budget: dict, requests: int, num_
                  f"eaglebox's in-loop AL of its last step: {runs[0]['in_loop_last_al']:.3f}")
     lines.append("tokens: positions trained on (both trainers, the same batches); answer: loss-masked among them. "
                  "own loss: each trainer's logged objective at the last step (not comparable: eaglebox divides by "
-                 "scored positions, SpecForge by batch x length). train tok/s: the training steps alone (CPU, "
-                 "shared machine; not a throughput benchmark, see train_throughput.py)")
+                 "scored positions, SpecForge by batch x length). train tok/s: the training steps alone (not "
+                 "a throughput benchmark, see train_throughput.py)")
     return "\n".join(lines)
 
 

@@ -125,7 +125,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a short pass of every stage (debugging the check)")
     a = ap.parse_args()
-    target_steps, convs, samples, steps = (60, 2000, 192, 20) if a.quick else (600, 12000, 1280, 300)
+    target_steps, convs, samples, steps = (60, 2000, 192, 20) if a.quick else (500, 12000, 1024, 240)
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
     target = make_target(target_steps, convs)
