@@ -31,7 +31,7 @@ from eaglebox.train.dist import Dist
 from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
 from eaglebox.train.step import make_optimizer, make_step
 from eaglebox.train.ttt import attention_choices
-from eaglebox.train.vocab import build_vocab, token_counts
+from eaglebox.train.vocab import draft_vocab
 
 
 def check_header(header: dict, expected: dict, where: Path) -> None:
@@ -73,7 +73,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
     model.embed_tokens.to(embed.dtype)  # frozen: kept in the target's dtype, as SGLang serves it
     with torch.no_grad():
         model.embed_tokens.weight.copy_(embed)
-        d2t, t2d = build_vocab(token_counts(reader, spec.vocab_size), spec.draft_vocab_size)
+        d2t, t2d = draft_vocab(reader, spec.vocab_size, spec.draft_vocab_size, d)  # collective
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
     model.to(d.device)
