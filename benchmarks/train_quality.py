@@ -100,14 +100,23 @@ def budget(cfg, p: dict) -> dict:
 # ---------------------------------------------------------------- eaglebox
 
 
+def _logged(cmd: list[str], log: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run ``cmd`` with its output (stdout and stderr) going to ``log`` as it comes, so a run cut short
+    leaves its progress behind; the output is returned in ``stdout`` too."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        r = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env)
+    return subprocess.CompletedProcess(cmd, r.returncode, log.read_text(), "")
+
+
 def run_eaglebox(a) -> dict:
     cfg = load(a, "eaglebox")
     t0 = time.monotonic()
     cmd = [sys.executable, "-m", "eaglebox.cli", "train", "--config", str(a.config), *settings(a),
            f"train.output_dir={Path(a.out) / 'eaglebox'}", "train.checkpoint_every=100000"]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    r = _logged(cmd, Path(a.out) / "eaglebox-train.log")
     if r.returncode:
-        raise SystemExit(f"eaglebox train failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        raise SystemExit(f"eaglebox train failed ({r.returncode}):\n{r.stdout[-6000:]}")
     out = Path(cfg.train.output_dir)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines() if x]
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").exists() else {}
@@ -317,10 +326,10 @@ def main() -> None:
     eb = {**run_eaglebox(a), **{k: b[k] for k in ("tokens", "answer_tokens")}}
     env = {**os.environ, "TORCHDYNAMO_DISABLE": os.environ.get("TORCHDYNAMO_DISABLE", "1")}
     cmd = [sys.executable, __file__, "--one", "specforge", *sys.argv[1:]]
-    r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+    r = _logged(cmd, a.out / "specforge-train.log", env)
     line = [x for x in r.stdout.splitlines() if x.startswith("RESULT ")]
     if r.returncode or not line:
-        raise SystemExit(f"SpecForge run failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+        raise SystemExit(f"SpecForge run failed ({r.returncode}):\n{r.stdout[-6000:]}")
     sf = json.loads(line[-1][7:])
     if (sf["tokens"], sf["answer_tokens"]) != (b["tokens"], b["answer_tokens"]):
         raise SystemExit(f"the trainers saw different data: SpecForge {sf['tokens']}/{sf['answer_tokens']} tokens, "

@@ -11,7 +11,7 @@ the target and captures the features; ``benchmarks/train_quality.py`` trains bot
 shards (SpecForge with flex attention and torch.compile, as it runs on GPUs) and scores both with the
 gate's evaluator (SGLang's ``LlamaForCausalLMEagle3`` on the GPU) on the same held-out requests.
 
-    bash tools/h200/run.sh quality [--quick]
+    bash tools/h200/run.sh quality [--quick] [--stage data|train|all]
 """
 
 from __future__ import annotations
@@ -124,34 +124,47 @@ def write_config(target: Path, samples: int) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="a short pass of every stage (debugging the check)")
+    ap.add_argument("--stage", choices=["data", "train", "all"], default="all",
+                    help="data: target + extract; train: the two trainers on them. A device call is at most "
+                         "10 minutes: run data, then train in the next call while the machine is still warm "
+                         "(/tmp survives only then)")
+    ap.add_argument("--budget-s", type=float, default=560, help="stop the trainers and keep their logs by then")
     a = ap.parse_args()
+    start = time.monotonic()
     target_steps, convs, samples, steps = (60, 2000, 192, 20) if a.quick else (500, 12000, 1024, 240)
     WORK.mkdir(parents=True, exist_ok=True)
     OUT.mkdir(parents=True, exist_ok=True)
-    target = make_target(target_steps, convs)
-    cfg = write_config(target, samples)
-    shutil.copy(cfg, OUT / "config.yaml")
     env = {**os.environ, "TORCHDYNAMO_DISABLE": "0"}  # SpecForge's flex attention needs torch.compile
-    t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "eaglebox.cli", "extract", "--config", str(cfg)], cwd=ROOT, env=env)
-    log(f"extract: exit {r.returncode} in {time.monotonic() - t0:.0f} s")
-    for f in ("corpus.json", "manifest.json"):
-        if (WORK / "shards" / f).exists():
-            shutil.copy(WORK / "shards" / f, OUT / f)
-    if r.returncode:
-        sys.exit(r.returncode)
+    cfg = WORK / "config.yaml"
+    if a.stage in ("data", "all"):
+        target = make_target(target_steps, convs)
+        cfg = write_config(target, samples)
+        shutil.copy(cfg, OUT / "config.yaml")
+        t0 = time.monotonic()
+        r = subprocess.run([sys.executable, "-m", "eaglebox.cli", "extract", "--config", str(cfg)], cwd=ROOT, env=env)
+        log(f"extract: exit {r.returncode} in {time.monotonic() - t0:.0f} s")
+        for f in ("corpus.json", "manifest.json"):
+            if (WORK / "shards" / f).exists():
+                shutil.copy(WORK / "shards" / f, OUT / f)
+        if r.returncode or a.stage == "data":
+            sys.exit(r.returncode)
     cmd = [sys.executable, "benchmarks/train_quality.py", "--config", str(cfg), "--shards", str(WORK / "shards"),
            "--out", str(WORK / "result"), "--steps", str(steps), "--batch-size", "16", "--warmup", "20",
            "--lr", "6e-4", "--max-length", "512", "--eval-samples", "32", "--heldout-share", "0.05",
            "--backend", "flex_attention", "--result", str(OUT / "train_quality-h200.txt"), "train.eval_every=100"]
     log("quality: " + " ".join(cmd[1:]))
     t0 = time.monotonic()
-    r = subprocess.run(cmd, cwd=ROOT, env=env)
-    log(f"quality: exit {r.returncode} in {time.monotonic() - t0:.0f} s")
-    for f in ("metrics.jsonl", "evals.jsonl", "report.json"):
-        if (WORK / "result" / "eaglebox" / f).exists():
-            shutil.copy(WORK / "result" / "eaglebox" / f, OUT / f"eaglebox-{f}")
-    sys.exit(r.returncode)
+    try:
+        rc = subprocess.run(cmd, cwd=ROOT, env=env, timeout=a.budget_s - (t0 - start)).returncode
+    except subprocess.TimeoutExpired:
+        rc = 124
+    log(f"quality: exit {rc} in {time.monotonic() - t0:.0f} s")
+    result = WORK / "result"
+    for f in [result / "eaglebox-train.log", result / "specforge-train.log",
+              *(result / "eaglebox" / n for n in ("metrics.jsonl", "evals.jsonl", "report.json"))]:
+        if f.exists():
+            shutil.copy(f, OUT / (f.name if f.parent == result else f"eaglebox-{f.name}"))
+    sys.exit(rc)
 
 
 if __name__ == "__main__":
