@@ -5,24 +5,29 @@ For each width, each of ``--parallel`` and each rank count (default 1, 2, 4, 8, 
 present) this launches ``torchrun --standalone --nproc-per-node N`` on this file; every rank builds the
 draft as ``eaglebox train`` does (``train/loop.py``: ``Eagle3Draft`` from the recipe's ``DraftSpec``,
 frozen bf16 target embedding, ``compile_steps`` on CUDA, ``parallelize`` (DDP or FSDP2),
-``make_optimizer``, ``make_step``: CUDA graphs only at one rank, as the loop) and times that step on
-synthetic features of the same per-rank batch at every rank count (the recipe's ``batch_size`` x
-``max_length`` unless ``--batch``/``--seq`` say otherwise). The draft's shape comes from
-the recipe config (``configs/llama-3.1-8b-1gpu.yaml``, ``configs/kimi-k2.5-8x-rtxpro6000.yaml``: its
-``deepseek_mla`` draft) through ``draft_spec`` on the target's ``config.json`` shape. One rank runs
-once a width (``parallelize`` leaves one process unwrapped) and is the baseline of both.
+``make_optimizer``, ``make_step``: CUDA graphs only at one rank, as the loop) and runs that step as the
+loop does (no host sync between steps), on the same per-rank batch at every rank count (the recipe's
+``batch_size`` x ``max_length`` unless ``--batch``/``--seq`` say otherwise): synthetic features in
+memory, or with ``--shards DIR`` each rank's slices of the global batches read from captured shards
+by the loop's own ``batch_indices`` and ``collate``, after ``ShardReader`` and the vocabulary pass
+(timed per rank). The draft's shape comes from the recipe config (``configs/llama-3.1-8b-1gpu.yaml``,
+``configs/kimi-k2.5-8x-rtxpro6000.yaml``: its ``deepseek_mla`` draft) through ``draft_spec`` on the
+target's ``config.json`` shape. One rank runs once a width (``parallelize`` leaves one process
+unwrapped) and is the baseline of both.
 
-Per run, one JSON line: tokens/s over all ranks (the tokens of every rank's batch / the slowest
-rank's median step), efficiency = tokens/s / (N x the 1-rank tokens/s), the step split from
-``torch.profiler`` (GPU: kernel time of NCCL collectives vs all other kernels, per step; they overlap
-under DDP, so the two can add up to more than the step; CPU: gloo ops' time vs the step), peak memory
-per rank (GPU: ``torch.cuda.max_memory_allocated``; CPU: peak RSS, the allocator has no counter).
-Then a table. ``--cpu`` runs gloo on the CPU at tiny widths (one thread a rank): a check that the
-harness and the distributed step work, not a measurement of NCCL scaling.
+Per run, one JSON line: tokens/s over all ranks (every rank's valid tokens / the slowest rank's time
+for ``--steps`` steps), efficiency = tokens/s / (N x the 1-rank tokens/s), the step split from
+``torch.profiler`` over ``--profile-steps`` more steps (GPU: kernel time of NCCL collectives vs all
+other kernels, per step; they overlap under DDP, so the two can add up to more than the step; CPU:
+gloo ops' time vs the rest of the step), peak memory per rank (GPU: ``torch.cuda.max_memory_allocated``;
+CPU: peak RSS, the allocator has no counter). Then a table. ``--cpu`` runs gloo on the CPU at tiny
+widths (one thread a rank): a check that the harness and the distributed step work, not a
+measurement of NCCL scaling.
 
     python benchmarks/train_scaling.py [--ranks 1,2,4,8] [--parallel ddp fsdp]
         [--widths llama-3.1-8b kimi-k2.5] [--seq N] [--batch N] [--ttt N] [--steps 10] [--warmup 3]
-    python benchmarks/train_scaling.py --cpu --ranks 1,2 --seq 128 --steps 3
+        [--shards DIR (one width: the shards' hidden size)]
+    python benchmarks/train_scaling.py --cpu --ranks 1,2 --seq 128 --batch 2 --steps 5 --warmup 2
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ import json
 import os
 import resource
 import shlex
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,11 +84,21 @@ def width_spec(name: str):
         return draft_spec(Path(tmp), cfg.train.draft, num_aux=3), cfg.train
 
 
-def synthetic_batch(spec, batch: int, seq: int, seed: int, device) -> tuple[dict, object, object, object]:
-    """One rank's batch of random features on ``device`` (the target's dtype, bf16; every token valid
-    and loss-masked, scored where its target is in the draft vocabulary), and the random bf16 target
-    embedding and lm_head (made on ``device``: at Kimi width they are 1.2G values each) and vocabulary
-    counts, the same on every rank."""
+def synthetic_weights(spec, device):
+    """Random bf16 target embedding and lm_head, made on ``device`` (at Kimi width 1.2G values each), and
+    vocabulary counts: the same on every rank."""
+    import torch
+
+    gd = torch.Generator(device=device).manual_seed(0)
+    V, H = spec.vocab_size, spec.hidden_size
+    head = torch.randn(V, H, generator=gd, device=device, dtype=torch.bfloat16) * H**-0.5
+    embed = torch.randn(V, H, generator=gd, device=device, dtype=torch.bfloat16) * 0.02
+    return head, embed, torch.randint(0, 1000, (V,), generator=torch.Generator().manual_seed(0))
+
+
+def synthetic_batch(spec, batch: int, seq: int, seed: int, device) -> dict:
+    """One rank's batch of random features on ``device`` in the target's dtype (bf16): every token
+    valid and loss-masked (scored where its target is in the draft vocabulary)."""
     import torch
 
     g = torch.Generator().manual_seed(seed)
@@ -93,14 +107,10 @@ def synthetic_batch(spec, batch: int, seq: int, seed: int, device) -> tuple[dict
          "loss_mask": torch.ones(batch, seq, dtype=torch.bool), "valid": torch.ones(batch, seq, dtype=torch.bool),
          "aux": torch.randn(batch, seq, spec.num_aux * H, generator=g).bfloat16(),
          "last": torch.randn(batch, seq, H, generator=g).bfloat16()}
-    gd = torch.Generator(device=device).manual_seed(0)
-    head = torch.randn(V, spec.hidden_size, generator=gd, device=device, dtype=torch.bfloat16) * spec.hidden_size**-0.5
-    embed = torch.randn(V, spec.hidden_size, generator=gd, device=device, dtype=torch.bfloat16) * 0.02
-    counts = torch.randint(0, 1000, (V,), generator=g.manual_seed(0))
-    return {k: v.to(device) for k, v in b.items()}, head, embed, counts
+    return {k: v.to(device) for k, v in b.items()}
 
 
-def step_split(step, batch, steps: int, cuda: bool) -> dict:
+def step_split(one_step, steps: int, cuda: bool) -> dict:
     """Per step, from torch.profiler: ms of collective communication and of everything else. GPU:
     device time of NCCL kernels vs all other kernels. CPU: the time of the ``gloo:`` ops (the
     collectives' work, waits for the slower rank included) vs the rest of the profiled wall step."""
@@ -114,7 +124,7 @@ def step_split(step, batch, steps: int, cuda: bool) -> dict:
     t0 = time.perf_counter()
     with profile(activities=acts) as prof:
         for _ in range(steps):
-            step(batch)
+            one_step()
         sync()
     wall_ms = (time.perf_counter() - t0) * 1000 / steps
     comm: dict[str, float] = {}
@@ -136,8 +146,47 @@ def step_split(step, batch, steps: int, cuda: bool) -> dict:
             "comm_ops_ms": {k: round(v, 2) for k, v in sorted(comm.items(), key=lambda kv: -kv[1])}}
 
 
+def batches(a, spec, d, seq: int, pad: int):
+    """The batches a rank trains on, and what it cost to get them ready. Without ``--shards``: one
+    synthetic batch, every step. With it: the loop's data path, timed: ``ShardReader`` and the
+    vocabulary pass (``draft_vocab``: each rank its share) once, then per step this rank's slice of
+    the global batch (``batch_indices``) read from its sample files (``collate``)."""
+    from eaglebox.train.vocab import build_vocab
+
+    head, embed, counts = synthetic_weights(spec, d.device)
+    if not a.shards:
+        batch = synthetic_batch(spec, a.batch, seq, 1000 + d.rank, d.device)
+        return (lambda k: batch), head, embed, build_vocab(counts, spec.draft_vocab_size), {}
+    from eaglebox.shards.format import ShardReader
+    from eaglebox.train.data import batch_indices, collate, steps_per_epoch
+    from eaglebox.train.vocab import draft_vocab
+
+    t0 = time.perf_counter()
+    reader = ShardReader(a.shards)
+    t1 = time.perf_counter()
+    vocab = draft_vocab(reader, spec.vocab_size, spec.draft_vocab_size, d)
+    t2 = time.perf_counter()
+    if reader.header.get("hidden_size") != spec.target_hidden_size:
+        sys.exit(f"{a.shards}: features {reader.header.get('hidden_size')} wide, the {a.width} draft reads "
+                 f"{spec.target_hidden_size}")
+    per_epoch = steps_per_epoch(len(reader), d.world, a.batch)
+    if per_epoch == 0:
+        sys.exit(f"{a.shards}: {len(reader)} samples are fewer than one step ({d.world} ranks x {a.batch})")
+    read = {"reader_s": t1 - t0, "vocab_pass_s": t2 - t1, "collate_s": 0.0, "samples": len(reader)}
+
+    def batch(k: int):
+        t = time.perf_counter()
+        ids = batch_indices(len(reader), 0, k // per_epoch, k % per_epoch, d.world, d.rank, a.batch)
+        b = collate(reader, ids, seq, d.device, pad)
+        read["collate_s"] += time.perf_counter() - t
+        return b
+
+    return batch, head, embed, vocab, read
+
+
 def worker(a) -> None:
-    """One rank: the trainer's model, wrapper, optimizer and step (``train/loop.py``), timed."""
+    """One rank: the trainer's model, wrapper, optimizer and step (``train/loop.py``), timed as the loop
+    runs them: no host sync between steps (so a step's read overlaps the one before it on a GPU)."""
     import torch
     import torch.distributed as dist
 
@@ -145,19 +194,18 @@ def worker(a) -> None:
     from eaglebox.train.loop import parallelize
     from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
     from eaglebox.train.step import make_optimizer, make_step
-    from eaglebox.train.vocab import build_vocab
 
     d = Dist()
     cuda = d.device.type == "cuda"
     spec, _ = width_spec(a.width)
-    seq = -(-a.seq // PAD_MULTIPLE) * PAD_MULTIPLE if cuda else a.seq  # as collate pads on CUDA
-    batch, head, embed, counts = synthetic_batch(spec, a.batch, seq, 1000 + d.rank, d.device)
+    pad = PAD_MULTIPLE if cuda else 1  # as the loop pads on CUDA
+    seq = -(-a.seq // pad) * pad
+    next_batch, head, embed, (d2t, t2d), read = batches(a, spec, d, seq, pad)
     torch.manual_seed(0)
     model = Eagle3Draft(spec)
     model.embed_tokens.to(embed.dtype)  # as run_train: frozen, in the target's dtype
     with torch.no_grad():
         model.embed_tokens.weight.copy_(embed)
-        d2t, t2d = build_vocab(counts, spec.draft_vocab_size)
         model.d2t.copy_(d2t)
         model.t2d.copy_(t2d)
     model.to(d.device)
@@ -173,46 +221,51 @@ def worker(a) -> None:
     if cuda:
         torch.cuda.reset_peak_memory_stats()  # before warm-up: graph capture and compile allocate there
     t0 = time.perf_counter()
-    for _ in range(a.warmup):
-        _, stats = step(batch)
+    for k in range(a.warmup):
+        step(next_batch(k))
     sync()
+    d.barrier()
     warmup_s = time.perf_counter() - t0
-    times = []
-    for _ in range(a.steps):
-        sync()
-        t0 = time.perf_counter()
-        _, stats = step(batch)
-        sync()
-        times.append(time.perf_counter() - t0)
+    if read:
+        read["collate_s"] = 0.0  # the timed steps' reads only
+    tokens = scored = torch.zeros((), dtype=torch.int64, device=d.device)
+    t0 = time.perf_counter()
+    for k in range(a.warmup, a.warmup + a.steps):
+        b = next_batch(k)
+        _, stats = step(b)
+        tokens, scored = tokens + b["valid"].sum(), scored + stats[2][0].long()
+    sync()
+    total = time.perf_counter() - t0
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-    split = step_split(step, batch, a.profile_steps, cuda) if a.profile_steps else {}
+    split = step_split(lambda: step(next_batch(0)), a.profile_steps, cuda) if a.profile_steps else {}
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB -> GiB
     local = sum((p.to_local() if hasattr(p, "to_local") else p).numel() for p in params)
-    mine = {"rank": d.rank, "step_s": statistics.median(times), "tokens": int(batch["valid"].sum()),
-            "scored": int(stats[2][0]), "peak_gib": peak, "peak_rss_gib": rss, "params_local": local,
-            "warmup_s": warmup_s, **split}
+    mine = {"rank": d.rank, "total_s": total, "tokens": int(tokens), "scored": int(scored), "peak_gib": peak,
+            "peak_rss_gib": rss, "params_local": local, "warmup_s": warmup_s, **split,
+            **({"read": {k: round(v, 3) if isinstance(v, float) else v for k, v in read.items()}} if read else {})}
     ranks = [None] * d.world
     if d.world > 1:
         dist.all_gather_object(ranks, mine)
     else:
         ranks = [mine]
     if d.rank == 0:
-        step_s = max(r["step_s"] for r in ranks)  # the collectives make every rank wait for the slowest
+        total = max(r["total_s"] for r in ranks)  # the collectives make every rank wait for the slowest
         tokens = sum(r["tokens"] for r in ranks)
         r0 = ranks[0]
         print("RESULT " + json.dumps({
             "width": a.width, "parallel": a.how if d.world > 1 else "none", "ranks": d.world,
             "backend": dist.get_backend() if d.world > 1 else "-", "device": torch.cuda.get_device_name() if cuda
-            else "cpu", "torch": torch.__version__, "seq": seq, "batch_per_rank": a.batch, "ttt": a.ttt,
-            "steps": a.steps, "cuda_graphs": graphs, "compiled": cuda,
+            else "cpu", "torch": torch.__version__, "data": a.shards or "synthetic, in memory", "seq": seq,
+            "batch_per_rank": a.batch, "ttt": a.ttt, "steps": a.steps, "cuda_graphs": graphs, "compiled": cuda,
             "params": sum(p.numel() for p in params), "params_per_rank": [r["params_local"] for r in ranks],
-            "tokens_per_step": tokens, "scored_per_step": sum(r["scored"] for r in ranks),
-            "step_s": round(step_s, 4), "step_s_per_rank": [round(r["step_s"], 4) for r in ranks],
-            "step_s_rank0": [round(t, 4) for t in times], "tokens_per_s": round(tokens / step_s, 1),
+            "tokens_per_step": tokens / a.steps, "scored_per_step": sum(r["scored"] for r in ranks) / a.steps,
+            "step_s": round(total / a.steps, 4), "step_s_per_rank": [round(r["total_s"] / a.steps, 4) for r in ranks],
+            "tokens_per_s": round(tokens / total, 1),
             "comm_ms": r0.get("comm_ms"), "compute_ms": r0.get("compute_ms"),
             "profiled_step_ms": r0.get("profiled_step_ms"), "comm_ops_ms": r0.get("comm_ops_ms"),
             "peak_gib_per_rank": [None if r["peak_gib"] is None else round(r["peak_gib"], 2) for r in ranks],
             "peak_rss_gib_per_rank": [round(r["peak_rss_gib"], 2) for r in ranks],
+            **({"read_per_rank": [r["read"] for r in ranks]} if "read" in r0 else {}),
             "warmup_s": round(max(r["warmup_s"] for r in ranks), 1)}), flush=True)
     d.barrier()
     if d.world > 1:
@@ -227,7 +280,8 @@ def launch(a, width: str, parallel: str, n: int) -> dict:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), __file__,
            "--worker", "--width", width, "--how", parallel, "--seq", str(seq), "--batch", str(batch),
            "--ttt", str(ttt), "--steps", str(a.steps), "--warmup", str(a.warmup),
-           "--profile-steps", str(a.profile_steps), *(["--no-graphs"] if a.no_graphs else [])]
+           "--profile-steps", str(a.profile_steps), *(["--no-graphs"] if a.no_graphs else []),
+           *(["--shards", str(Path(a.shards).resolve())] if a.shards else [])]
     env = dict(os.environ)
     if a.cpu:
         env |= {"CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}  # one thread a rank: N ranks use N cores
@@ -274,6 +328,8 @@ def main() -> None:
     p.add_argument("--profile-steps", type=int, default=2, help="profiled steps after the timed ones (0: none)")
     p.add_argument("--no-graphs", action="store_true", help="no CUDA graphs at 1 rank either")
     p.add_argument("--cpu", action="store_true", help="gloo on the CPU, tiny widths")
+    p.add_argument("--shards", help="read each rank's batches from these shards (eaglebox extract's output_dir, "
+                   "captured at the width's hidden size) as the loop does, and time the vocabulary pass")
     p.add_argument("--timeout", type=int, default=1800, help="seconds a run")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--width", help=argparse.SUPPRESS)
@@ -307,8 +363,8 @@ def main() -> None:
                 r = launch(a, width, parallel, n)
                 if n == 1 and "error" not in r:
                     base = r
-                if "error" not in r and base is not None:
-                    r["efficiency"] = round(r["tokens_per_s"] / (r["ranks"] * base["tokens_per_s"]), 3)
+                if "error" not in r:  # None without a 1-rank run to compare with
+                    r["efficiency"] = base and round(r["tokens_per_s"] / (r["ranks"] * base["tokens_per_s"]), 3)
                 results.append(r)
                 print(json.dumps(r), flush=True)
     table(results)

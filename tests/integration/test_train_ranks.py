@@ -107,20 +107,28 @@ def _train(shards: Path, out: Path, ranks: int, batch: int):
     return losses, [json.loads((log / f"rank{k}.json").read_text()) for k in range(ranks)]
 
 
-def test_two_ranks_read_disjoint_samples_and_train_as_one(tmp_path):
-    from safetensors.torch import load_file
-
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """Random shards under the tiny config's capture spec (the tiny target's widths)."""
     from eaglebox.config import load_config
     from eaglebox.shards.spec import capture_spec
-    from eaglebox.train.data import batch_indices
 
     os.chdir(ROOT)  # the config's relative paths are relative to the repository root
     cfg = load_config(ROOT / "configs" / "tiny-cpu.yaml", [])
     header = capture_spec(cfg)
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
-    shards = tmp_path / "shards"
-    write_shards(shards, header, header["hidden_size"], len(header["layer_ids"]), hf["vocab_size"])
+    out = tmp_path_factory.mktemp("ranks") / "shards"
+    write_shards(out, header, header["hidden_size"], len(header["layer_ids"]), hf["vocab_size"])
+    return out
 
+
+def test_two_ranks_read_disjoint_samples_and_train_as_one(shards, tmp_path):
+    from safetensors.torch import load_file
+
+    from eaglebox.config import load_config
+    from eaglebox.train.data import batch_indices
+
+    cfg = load_config(ROOT / "configs" / "tiny-cpu.yaml", [])
     one, (reads1,) = _train(shards, tmp_path / "one", 1, BATCH)
     two, reads2 = _train(shards, tmp_path / "two", 2, BATCH // 2)
     assert len(one) == len(two) == STEPS and one == pytest.approx(two, rel=1e-4)
@@ -149,21 +157,34 @@ def runs(text: str) -> list[dict]:
     return [json.loads(x) for x in text.splitlines() if x.startswith("{")]
 
 
-def test_scaling_benchmark_on_two_ranks_trains_twice_the_tokens_and_fsdp_shards_the_draft():
-    r = subprocess.run([sys.executable, "benchmarks/train_scaling.py", "--cpu", "--ranks", "1,2", "--widths", "tiny",
-                        "--seq", "32", "--batch", "2", "--steps", "1", "--warmup", "1", "--profile-steps", "1"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+def bench(*args: str) -> list[dict]:
+    r = subprocess.run([sys.executable, "benchmarks/train_scaling.py", "--cpu", "--widths", "tiny", "--warmup", "1",
+                        "--profile-steps", "1", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
-    one, ddp, fsdp = runs(r.stdout)
-    assert (one["parallel"], ddp["parallel"], fsdp["parallel"]) == ("none", "ddp", "fsdp")
-    assert all(FIELDS <= set(x) and "error" not in x for x in (one, ddp, fsdp))
+    return runs(r.stdout)
+
+
+def test_scaling_benchmark_on_two_ranks_trains_twice_the_tokens_and_fsdp_shards_the_draft(shards):
+    from eaglebox.train.data import batch_indices
+
+    one, fsdp = bench("--ranks", "1,2", "--parallel", "fsdp", "--seq", "32", "--batch", "2", "--steps", "1")
+    # --shards: each rank's batches read from the shards as the loop reads them (steps 1 and 2 after warm-up)
+    (ddp,) = bench("--ranks", "2", "--parallel", "ddp", "--seq", "64", "--batch", "2", "--steps", "2",
+                   "--shards", str(shards))
+    assert (one["parallel"], fsdp["parallel"], ddp["parallel"]) == ("none", "fsdp", "ddp")
+    assert all(FIELDS <= set(x) and "error" not in x for x in (one, fsdp, ddp))
     assert one["tokens_per_step"] == 2 * 32 and one["efficiency"] == 1.0
-    for two in (ddp, fsdp):  # the same per-rank batch: twice the tokens, each rank's step really trained
+    # the same per-rank batch: twice the tokens, each rank's step really trained
+    assert fsdp["tokens_per_step"] == 2 * one["tokens_per_step"] and 0 < fsdp["scored_per_step"] <= 128
+    rows = [sum(ROWS - i % 7 for r in range(2) for i in batch_indices(N, 0, 0, k, 2, r, 2)) for k in (1, 2)]
+    assert ddp["data"] == str(shards) and ddp["tokens_per_step"] == sum(rows) / 2
+    assert [x["samples"] for x in ddp["read_per_rank"]] == [N, N]
+    assert all(x["collate_s"] > 0 for x in ddp["read_per_rank"])
+    for two in (fsdp, ddp):
         assert two["ranks"] == 2 and two["backend"] == "gloo" and two["batch_per_rank"] == one["batch_per_rank"]
-        assert two["tokens_per_step"] == 2 * one["tokens_per_step"] and 0 < two["scored_per_step"] <= 128
         assert two["comm_ms"] > 0 and any(k.startswith("gloo:") for k in two["comm_ops_ms"])
         assert two["tokens_per_s"] == pytest.approx(two["tokens_per_step"] / two["step_s"], rel=1e-2)
-    assert ddp["params_per_rank"] == [one["params"]] * 2  # DDP replicates the draft
+    assert ddp["params_per_rank"] == [one["params"]] * 2  # DDP replicates the draft, FSDP2 shards it
     assert sum(fsdp["params_per_rank"]) == one["params"] and max(fsdp["params_per_rank"]) < one["params"] * 0.6
 
     # the committed CPU result: its command, the caveat, and a run per configuration with every field
@@ -173,7 +194,6 @@ def test_scaling_benchmark_on_two_ranks_trains_twice_the_tokens_and_fsdp_shards_
     assert {(x["width"], x["parallel"], x["ranks"]) for x in done} >= {("tiny", "none", 1), ("tiny", "ddp", 2),
                                                                       ("tiny", "fsdp", 2)}
     assert all(FIELDS <= set(x) for x in done)
-
 
 if __name__ == "__main__":
     sys.exit(record_reads_then_train(sys.argv[1:]))
