@@ -108,8 +108,9 @@ def _train(shards: Path, out: Path, ranks: int, batch: int):
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    """Random shards under the tiny config's capture spec (the tiny target's widths)."""
+def shards(tiny_target, tmp_path_factory) -> Path:
+    """Random shards under the tiny config's capture spec (the tiny target's widths; the target is the
+    shipped one, copied into .cache/ by the fixture)."""
     from eaglebox.config import load_config
     from eaglebox.shards.spec import capture_spec
 
