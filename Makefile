@@ -8,6 +8,8 @@ ARGS   ?=
 BIN    := $(VENV)/bin
 EB     := $(BIN)/eaglebox
 STAMP  := $(VENV)/.eaglebox-installed
+UV_VERSION := 0.13.9
+UV     = $(BIN)/uv pip install -q --python $(BIN)/python
 TINY   := .cache/tiny/target/eaglebox-tiny.json
 WHEELS := .cache/wheels/.complete
 DOCKER ?= /usr/bin/docker
@@ -19,12 +21,15 @@ venv: $(STAMP)
 
 # SGLang's run-time list without its CUDA-only packages, then SGLang itself with --no-deps, then
 # eaglebox (editable) and its activation in this venv: capture hook + the CPU sgl_kernel stand-in.
+# Installed by uv (parallel downloads: pip took 4.8x as long, median of 3 rounds, on a 2-core machine:
+# benchmarks/results/venv-install-cpu.txt); pip stays in the venv for `make wheels`.
 $(STAMP): requirements/sglang-0.5.23-runtime.txt requirements/dev.txt requirements/specforge.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install -q -r requirements/sglang-0.5.23-runtime.txt -r requirements/dev.txt
-	$(BIN)/pip install -q --no-deps sglang==0.5.23
-	$(BIN)/pip install -q --no-deps -r requirements/specforge.txt
-	$(BIN)/pip install -q --no-deps -e .
+	$(BIN)/pip install -q uv==$(UV_VERSION)
+	$(UV) -r requirements/sglang-0.5.23-runtime.txt -r requirements/dev.txt
+	$(UV) --no-deps sglang==0.5.23
+	$(UV) --no-deps -r requirements/specforge.txt
+	$(UV) --no-deps -e .
 	$(BIN)/python -m eaglebox.engine.install --variant cpu
 	touch $@
 
@@ -85,7 +90,6 @@ image:
 
 # Re-resolve the GPU closure with hashes (uv pip compile; resolution only, ~15 s).
 gpu-lock: | $(STAMP)
-	$(BIN)/pip install -q uv==0.13.8
 	docker/lock-gpu.sh $(BIN)/uv
 
 # What CI builds of the GPU image: download the hash-locked closure (pip --require-hashes) and check

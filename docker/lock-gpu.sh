@@ -4,7 +4,7 @@
 # every package pinned with its sha256 from PyPI, for CPython 3.12 on manylinux x86_64 (the Ubuntu
 # 24.04 CUDA runtime base). Resolution only, nothing is downloaded; `make gpu-closure-check` then
 # downloads the closure with pip --require-hashes and checks SM120 code in its CUDA libraries.
-#   docker/lock-gpu.sh [UV]      (UV: the uv binary; `make gpu-lock` installs uv==0.13.8 in the venv)
+#   docker/lock-gpu.sh [UV]      (UV: the uv binary; `make venv` installs it, UV_VERSION in the Makefile)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 UV=${1:-uv}
