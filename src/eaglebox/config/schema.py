@@ -105,8 +105,23 @@ class ExtractConfig(Section):
     a token of ``max_length``."""
     max_samples: int | None = Field(None, ge=1)
     regenerate: bool = False
-    """Replace assistant turns by the target's own greedy answers (same server) before capture."""
+    """Replace assistant turns by the target's own answers (same server) before capture; greedy unless
+    ``regenerate_temperature`` > 0."""
     regenerate_max_new_tokens: int = Field(512, ge=1)
+    regenerate_temperature: float = Field(0.0, ge=0)
+    """0: greedy (the target's most likely answer). A small model's greedy answers repeat across
+    prompts and loop on one phrase; sampling gives the draft the varied text it will meet when the
+    target is served with sampling. SGLang samples without a seed here, so two runs differ (the
+    ``regenerated.jsonl`` cache keeps one run's answers)."""
+    regenerate_top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: the smallest set of tokens holding this probability mass (1.0: all); cuts the
+    unlikely tail that sampling from a small model turns into garbled words."""
+    regenerate_top_k: int | None = Field(None, ge=1)
+    """Sample among the k most likely tokens only; None: no limit."""
+    regenerate_repetition_penalty: float = Field(1.0, gt=0, le=2)
+    """SGLang 0.5.23's repetition penalty: > 1 makes tokens the answer already holds less likely (not
+    the prompt's: copying from the prompt costs nothing), so a loop cannot settle; 1.0: none. Applies
+    to greedy answers too."""
     max_retries: int = Field(5, ge=0)
     retry_backoff_s: float = Field(1.0, ge=0)
     writer_buffer_mb: int = Field(4096, ge=1)

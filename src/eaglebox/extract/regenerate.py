@@ -1,4 +1,4 @@
-"""Replace each assistant turn by the target's own greedy answer, through the capture server.
+"""Replace each assistant turn by the target's own answer, through the capture server.
 
 A draft predicts the target's tokens; trained on the target's own answers it sees the text it will
 be asked to predict (the largest single lever on acceptance in published recipes). Turns are
@@ -40,10 +40,18 @@ def _load_cache(path: Path) -> dict[str, list[dict]]:
     return done
 
 
+def sampling_params(e) -> dict:
+    """The ``/generate`` sampling parameters of regeneration, from ``extract`` (``e``): greedy at
+    ``regenerate_temperature`` 0, otherwise sampled with its top-p / top-k; part of the cache key."""
+    return {"max_new_tokens": e.regenerate_max_new_tokens, "temperature": e.regenerate_temperature,
+            "top_p": e.regenerate_top_p, "top_k": -1 if e.regenerate_top_k is None else e.regenerate_top_k,
+            "repetition_penalty": e.regenerate_repetition_penalty}
+
+
 def regenerate(cfg, rows: list[Row], client, tokenizer, out_dir: Path, log=print) -> list[Row]:
     e = cfg.extract
     template = read_chat_template(e.chat_template)
-    sampling = {"max_new_tokens": e.regenerate_max_new_tokens, "temperature": 0}
+    sampling = sampling_params(e)
     settings = {"sampling": sampling, "chat_template": template}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / CACHE
