@@ -96,8 +96,12 @@ def test_gate_passes_trained_and_rejects_random_weights(gate):
     assert report["random_control"]["accept_length"] <= 1.3
     assert report["trained"]["engine_version"] == "0.5.23"
     assert len(report["trained"]["accept_rate_per_position"]) == 3
-    # what the AL is measured on: the regenerated answers' variety (tests/unit/test_tiny_shipped.py guards its level)
-    assert report["corpus"]["answers"] > 0 and 0.5 < report["corpus"]["distinct_ratio"] <= 1
+    # what the draft is trained on: the regenerated answers, sampled (configs/tiny-cpu.yaml), varied and not
+    # looping (issue 19's goal: >= 90 % distinct; 97.5-98.6 % and no looped answer measured in
+    # benchmarks/results/tiny-corpus-cpu.txt; a few looped answers of 512 are tolerated: nothing seeds the sampling)
+    corpus = report["corpus"]
+    assert corpus["answers"] > 400 and corpus["distinct_ratio"] >= 0.9, corpus
+    assert corpus["repeated_ngram_dominant_share"] <= 0.01, corpus
 
     # the same gate with the bar above what the draft reaches fails, with the numbers (resumes: no retraining)
     r = eaglebox_cli("check", *args, f"engine.port={free_port()}", f"bench.output_dir={d / 'bench2'}",
