@@ -13,7 +13,7 @@ import requests
 from testcontainers.compose import DockerCompose
 from testcontainers.core.container import DockerContainer
 
-from conftest import ROOT, free_port
+from conftest import GREEDY, ROOT, free_port
 from eaglebox.stages.check import RANDOM_CONTROL_MAX_AL
 
 pytestmark = pytest.mark.docker
@@ -53,17 +53,13 @@ LOOP_PATHS = ["model.path=/models/tiny/target", "extract.dataset=/models/tiny/da
               "extract.output_dir=/data/shards", "train.output_dir=/data/train"]
 
 
-GREEDY = ["extract.regenerate_temperature=0", "extract.regenerate_repetition_penalty=1"]
-
-
 @pytest.fixture(scope="module")
 def loop_dirs(cpu_image, tiny_target, tmp_path_factory):
     data = tmp_path_factory.mktemp("container-data")
     data.chmod(0o777)
     volumes = {tiny_target.parent: ("/models/tiny", "ro"), ROOT / "configs": ("/configs", "ro"), data: ("/data", "rw")}
     paths = LOOP_PATHS
-    # greedy answers, as the served bench decodes: 96 samples and 80 steps are enough for the margin below
-    # on greedy text; the demo's sampled answers (configs/tiny-cpu.yaml) need its 512 samples and 6 epochs
+    # greedy answers (conftest.GREEDY): 96 samples and 80 steps reach the served margin below on them
     run_to_end(cpu_image, ["extract", "--config", "/configs/tiny-cpu.yaml", *paths, f"engine.port={free_port()}",
                            "extract.max_samples=96", "extract.regenerate_max_new_tokens=24",
                            *GREEDY], volumes)
