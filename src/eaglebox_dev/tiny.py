@@ -337,10 +337,11 @@ def answer_stream(tok, convs):
     return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.bool), torch.tensor(starts)
 
 
-def train_lm(model, data, recipe: dict, *, mask=None, starts=None, log=print) -> float:
+def train_lm(model, data, recipe: dict, *, mask=None, starts=None, device: str = "cpu", log=print) -> float:
     """Next-token training on random windows of ``data`` (``recipe``: steps, seq_len, batch_size, lr,
     seed); AdamW with one-cycle LR, gradients clipped at 1. With ``mask`` (as ``data``), only the tokens
-    it marks are targets; with ``starts`` (offsets into ``data``), windows begin only there. Returns the
+    it marks are targets; with ``starts`` (offsets into ``data``), windows begin only there. On a GPU
+    (``device``, where ``model`` is) under bf16 autocast: the H200 checks' wide targets. Returns the
     last step's loss."""
     import torch
 
@@ -354,11 +355,12 @@ def train_lm(model, data, recipe: dict, *, mask=None, starts=None, log=print) ->
             at = torch.randint(0, len(data) - T - 1, (B,), generator=gen)
         else:
             at = starts[torch.randint(0, len(starts) - 64, (B,), generator=gen)]  # the last ones lack T tokens after
-        batch = torch.stack([data[s : s + T + 1] for s in at])
+        batch = torch.stack([data[s : s + T + 1] for s in at]).to(device)
         labels = batch[:, :-1]
         if mask is not None:
-            labels = labels.masked_fill(~torch.stack([mask[s : s + T] for s in at]), -100)
-        loss = model(input_ids=batch[:, :-1], labels=labels).loss
+            labels = labels.masked_fill(~torch.stack([mask[s : s + T] for s in at]).to(device), -100)
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device != "cpu"):
+            loss = model(input_ids=batch[:, :-1], labels=labels).loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

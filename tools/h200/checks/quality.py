@@ -51,7 +51,7 @@ def make_target(steps: int, convs: int) -> Path:
     """The wide target: tiny's tokenizer and config, Llama-3.1-8B's width, answers-only LM training."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-    from eaglebox_dev.tiny import answer_stream
+    from eaglebox_dev.tiny import answer_stream, train_lm
 
     path = WORK / "target"
     if (path / "model.safetensors").exists():
@@ -65,27 +65,9 @@ def make_target(steps: int, convs: int) -> Path:
     config = LlamaConfig.from_dict(raw)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).cuda()
-    B, T, lr = 32, 256, 6e-4
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, fused=True)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=lr, total_steps=steps, pct_start=0.1)
-    gen = torch.Generator().manual_seed(0)
-    ids, mask = ids.cuda(), mask.cuda()
-    model.train()
     t0 = time.monotonic()
-    for step in range(steps):
-        at = starts[torch.randint(0, len(starts) - 64, (B,), generator=gen)].tolist()
-        batch = torch.stack([ids[s : s + T + 1] for s in at])
-        labels = batch[:, 1:].masked_fill(~torch.stack([mask[s + 1 : s + T + 1] for s in at]), -100)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits = model(input_ids=batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        if step % 50 == 0 or step == steps - 1:
-            log(f"target: step {step + 1}/{steps} loss {loss.item():.3f}")
+    recipe = {"steps": steps, "seq_len": 256, "batch_size": 32, "lr": 6e-4, "seed": 0}
+    train_lm(model, ids, recipe, mask=mask, starts=starts, device="cuda", log=log)
     log(f"target: {steps} steps in {time.monotonic() - t0:.0f} s")
     tmp = path.with_name("target.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -96,7 +78,7 @@ def make_target(steps: int, convs: int) -> Path:
     cfg["dtype"] = "bfloat16"
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
     tmp.replace(path)
-    del model, opt
+    del model
     torch.cuda.empty_cache()
     return path
 
