@@ -83,7 +83,7 @@ def evaluate_draft(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int
                    device: str | torch.device = "cpu") -> dict:
     """The exported draft in ``draft_dir``, with the target's embedding, over ``samples``
     [(seq, aux features, prompt_len)]: the summary of :func:`simulate` over each. ``device``: where
-    SGLang's draft class runs (a GPU trainer's: a wide draft's chain on the CPU takes minutes)."""
+    SGLang's draft class runs (a GPU trainer's own: a wide draft's one-token chain steps are slow on a CPU)."""
     draft = SGLangDraft(draft_dir, device=device)
     draft.set_embed(embed)
     return summarize([simulate(draft, seq, feats, n, num_steps) for seq, feats, n in samples], num_steps,

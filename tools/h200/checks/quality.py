@@ -42,9 +42,13 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+def task_rows() -> list[str]:
+    """The carried task corpus, one JSON row a line: its first rows train the target, its last are extracted."""
+    return lzma.decompress((CARRY / "tasks.jsonl.xz").read_bytes()).decode().splitlines()
+
+
 def conversations(n: int) -> list[list[dict]]:
-    rows = lzma.decompress((CARRY / "tasks.jsonl.xz").read_bytes()).decode().splitlines()
-    return [json.loads(r)["messages"] for r in rows[:n]]
+    return [json.loads(r)["messages"] for r in task_rows()[:n]]
 
 
 def make_target(steps: int, convs: int) -> Path:
@@ -88,8 +92,7 @@ def write_config(target: Path, samples: int) -> Path:
     raw = yaml.safe_load((ROOT / "configs" / "tiny-cpu.yaml").read_text())
     data = WORK / "data"
     data.mkdir(parents=True, exist_ok=True)
-    rows = lzma.decompress((CARRY / "tasks.jsonl.xz").read_bytes()).decode().splitlines()
-    (data / "train.jsonl").write_text("\n".join(rows[-samples:]) + "\n")  # not the target's first conversations
+    (data / "train.jsonl").write_text("\n".join(task_rows()[-samples:]) + "\n")  # not the target's first conversations
     raw["model"]["path"] = str(target)
     raw["engine"] = {"device": "cuda", "port": 31500, "attention_backend": "triton", "mem_fraction_static": 0.4,
                      "startup_timeout_s": 500, "extra_args": ["--sampling-backend", "pytorch", "--cuda-graph-max-bs-decode", "64"]}
