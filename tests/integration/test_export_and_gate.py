@@ -21,7 +21,7 @@ from eaglebox.shards.format import ShardReader
 from eaglebox.draft.spec import draft_spec
 from eaglebox.target.weights import load_embed_and_head
 from eaglebox.train.model import Eagle3Draft
-from eaglebox.train.ttt import shift_left, ttt_attention
+from eaglebox.train.ttt import ttt_steps
 
 draft_dir, shards, steps = Path(sys.argv[1]), sys.argv[2], 3
 cfg = load_config(sys.argv[3])
@@ -36,15 +36,10 @@ s = ShardReader(shards).get(0)
 T = min(48, s["input_ids"].shape[0])
 ids, aux = s["input_ids"][:T][None], s["aux"][:T].float()[None]
 # the trainer's TTT unroll
-h, keys, vals, logits = ours.fc(aux), [], [], []
-pos = torch.arange(T)[None]
 w = ours.step_weights(torch.float32)
 with torch.no_grad():
-    for i in range(steps):
-        q, k, v = ours.qkv(w, ours.embed_tokens(shift_left(ids, 1 + i)), h, pos + i)
-        keys.append(k); vals.append(v)
-        h, normed = ours.finish(w, h, ttt_attention(q, keys, vals, torch.ones(1, T, dtype=torch.bool)))
-        logits.append((normed @ w["lm_head"].T)[0])
+    normed = ttt_steps(ours, w, ids, ours.fc(aux), torch.ones(1, T, dtype=torch.bool), steps)
+logits = [(x @ w["lm_head"].T)[0] for x in normed]
 # SGLang: extend over 0..t, then chain steps with the true tokens, as the server drafts
 worst = 0.0
 for t in (5, T // 2, T - 1 - steps):

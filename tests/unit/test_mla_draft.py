@@ -14,7 +14,7 @@ from eaglebox.draft.spec import DraftSpec, draft_spec
 from eaglebox.errors import EagleboxError
 from eaglebox.train.checkpoint import trainable_state
 from eaglebox.train.model import Eagle3Draft
-from eaglebox.train.ttt import flex_ttt_attention, shift_left, ttt_attention, ttt_forward
+from eaglebox.train.ttt import flash_ttt_attention, flex_ttt_attention, ttt_attention, ttt_forward, ttt_steps
 
 MLA = {"q_lora_rank": 32, "kv_lora_rank": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12}
 
@@ -42,17 +42,10 @@ def random_draft(s: DraftSpec, seed=0) -> Eagle3Draft:
 
 def trainer_logits(m: Eagle3Draft, ids, aux, steps):
     """The trainer's TTT unroll (eager kernels), draft-vocab logits of each step [T, V]."""
-    T = ids.shape[1]
-    w, keys, values, out = m.step_weights(torch.float32), [], [], []
+    w = m.step_weights(torch.float32)
     with torch.no_grad():
-        h = m.project_aux(aux)
-        for i in range(steps):
-            q, k, v = m.qkv(w, m.embed_tokens(shift_left(ids, 1 + i)), h, torch.arange(T)[None] + i)
-            keys.append(k)
-            values.append(v)
-            h, normed = m.finish(w, h, ttt_attention(q, keys, values, torch.ones(1, T, dtype=torch.bool)))
-            out.append((normed @ w["lm_head"].T)[0])
-    return out
+        normed = ttt_steps(m, w, ids, m.project_aux(aux), torch.ones_like(ids, dtype=torch.bool), steps)
+    return [(x @ w["lm_head"].T)[0] for x in normed]
 
 
 @pytest.mark.parametrize(("arch", "fc_norm", "norm_output"), [
@@ -97,6 +90,7 @@ def absorbed_reference(m: Eagle3Draft, x_steps, T):
     a, s = m.midlayer.self_attn, m.spec
     nope, rope, L, vd, h = s.qk_nope_head_dim, s.qk_rope_head_dim, s.kv_lora_rank, s.v_head_dim, s.num_attention_heads
     w = {k: v.detach() for k, v in a.weights().items()}
+    w["q_a"], w["kv_a"] = a.q_a_proj.weight.detach(), a.kv_a_proj_with_mqa.weight.detach()
     w_kc, w_vc = w["kv_b"].view(h, nope + vd, L).split([nope, vd], dim=1)  # [h, nope, L], [h, vd, L]
 
     def norm(x, g):
@@ -132,14 +126,15 @@ def test_mla_ttt_attention_equals_the_absorbed_latent_attention_sglang_serves():
     keys, values = [], []
     with torch.no_grad():
         for i, x in enumerate(xs):
-            q, k, v = m.midlayer.self_attn.qkv(w, x, torch.arange(T)[None] + i)
+            q, k, v = m.midlayer.self_attn.qkv(w, x @ w["in"].T, torch.arange(T)[None] + i)
             keys.append(k)
             values.append(v)
             assert q.shape == (1, 4, T, 24) and v.shape == (1, 4, T, 12)
             dense = ttt_attention(q, keys, values, torch.ones(1, T, dtype=torch.bool))
             flex = flex_ttt_attention(q, keys, values, torch.ones(1, T, dtype=torch.bool), steps)  # v narrower than k
-            assert torch.allclose(dense, ref[i], atol=1e-5), (i, (dense - ref[i]).abs().max())
-            assert torch.allclose(flex, ref[i], atol=1e-5), (i, (flex - ref[i]).abs().max())
+            flash = flash_ttt_attention(q, keys, values, torch.ones(1, T, dtype=torch.bool), steps)
+            for got in (dense, flex, flash):
+                assert torch.allclose(got, ref[i], atol=1e-5), (i, (got - ref[i]).abs().max())
 
 
 def test_mla_draft_trains_through_ttt():

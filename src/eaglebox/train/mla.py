@@ -51,19 +51,24 @@ class MLAAttention(nn.Module):
         self.o_proj = nn.Linear(h * s.v_head_dim, H, bias=False)
         self.rotary = Rotary(replace(s, head_dim=s.qk_rope_head_dim))
 
+    def in_weights(self) -> list[torch.Tensor]:
+        """The projections of the step's [2H] input, stacked into one ``in`` weight by the draft."""
+        return [self.q_a_proj.weight, self.kv_a_proj_with_mqa.weight]
+
     def weights(self) -> dict[str, torch.Tensor]:
-        return {"q_a": self.q_a_proj.weight, "q_a_norm": self.q_a_layernorm.weight, "q_b": self.q_b_proj.weight,
-                "kv_a": self.kv_a_proj_with_mqa.weight, "kv_a_norm": self.kv_a_layernorm.weight,
-                "kv_b": self.kv_b_proj.weight, "o": self.o_proj.weight}
+        return {"q_a_norm": self.q_a_layernorm.weight, "q_b": self.q_b_proj.weight,
+                "kv_a_norm": self.kv_a_layernorm.weight, "kv_b": self.kv_b_proj.weight, "o": self.o_proj.weight}
 
     def qkv(self, w: dict, x: torch.Tensor, positions: torch.Tensor):
-        """x: [B, T, 2H] -> q, k [B, heads, T, nope + rope] and v [B, heads, T, v_dim]."""
+        """x: the step's input through ``in_weights`` [B, T, q_lora + kv_lora + rope] -> q, k
+        [B, heads, T, nope + rope] and v [B, heads, T, v_dim]."""
         s, eps = self.spec, self.spec.rms_norm_eps
         B, T, _ = x.shape
         nope, rope = s.qk_nope_head_dim, s.qk_rope_head_dim
-        q = F.linear(rms_norm(F.linear(x, w["q_a"]), w["q_a_norm"], eps), w["q_b"])
+        q_a, kv_a = x.split([s.q_lora_rank, s.kv_lora_rank + rope], dim=-1)
+        q = F.linear(rms_norm(q_a, w["q_a_norm"], eps), w["q_b"])
         q_nope, q_pe = q.view(B, T, -1, nope + rope).transpose(1, 2).split([nope, rope], dim=-1)
-        c, k_pe = F.linear(x, w["kv_a"]).split([s.kv_lora_rank, rope], dim=-1)
+        c, k_pe = kv_a.split([s.kv_lora_rank, rope], dim=-1)
         kv = F.linear(rms_norm(c, w["kv_a_norm"], eps), w["kv_b"]).view(B, T, -1, nope + s.v_head_dim).transpose(1, 2)
         k_nope, v = kv.split([nope, s.v_head_dim], dim=-1)
         cos, sin = self.rotary(positions)

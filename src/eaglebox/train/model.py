@@ -5,6 +5,7 @@ Names follow the exported checkpoint (``fc``, ``midlayer.*``, ``norm``, ``lm_hea
 
     h   = fc(fc_norm_i(aux_i) ...)      # step 0 only: [k*H_target] -> [H]; later steps feed h back
     x   = cat(input_layernorm(embed(token)), hidden_norm(h))         # [2H] into the attention
+                                                # (trained as two halves: Eagle3Draft.token_proj)
     r   = o_proj(attn(x)) + h                                        # residual = h (not normed)
     out = down(silu(gate(n)) * up(n)) + r,  n = post_attention_layernorm(r)
     logits = lm_head(norm(out));  the next step's h = out (pre-norm), or norm(out) with norm_output
@@ -31,7 +32,7 @@ from eaglebox.train.loss import head_chunk
 from eaglebox.train.mla import MLAAttention
 from eaglebox.train.norm import RMSNorm, rms_norm
 from eaglebox.train.rope import Rotary, apply_rotary
-from eaglebox.train.ttt import flex_ttt_attention, ttt_attention, ttt_forward
+from eaglebox.train.ttt import flash_ttt_attention, ttt_attention, ttt_forward
 
 PAD_MULTIPLE = 128  # CUDA batches are padded to this many tokens: flex attention's block size
 
@@ -48,16 +49,22 @@ class LlamaAttention(nn.Module):
         self.o_proj = nn.Linear(s.num_attention_heads * s.head_dim, s.hidden_size, bias=False)
         self.rotary = Rotary(s)
 
+    def in_weights(self) -> list[torch.Tensor]:
+        """The projections of the step's [2H] input, stacked into one ``in`` weight by the draft."""
+        return [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
+
     def weights(self) -> dict[str, torch.Tensor]:
-        return {"q": self.q_proj.weight, "k": self.k_proj.weight, "v": self.v_proj.weight, "o": self.o_proj.weight}
+        return {"o": self.o_proj.weight}
 
     def qkv(self, w: dict, x: torch.Tensor, positions: torch.Tensor):
-        """x: [B, T, 2H] -> q [B, heads, T, d], k and v [B, kv_heads, T, d]."""
+        """x: the step's input through ``in_weights`` [B, T, (heads + 2 kv_heads) d] -> q [B, heads, T, d],
+        k and v [B, kv_heads, T, d]."""
         s = self.spec
         B, T, _ = x.shape
-        q = F.linear(x, w["q"]).view(B, T, s.num_attention_heads, s.head_dim).transpose(1, 2)
-        k = F.linear(x, w["k"]).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
-        v = F.linear(x, w["v"]).view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
+        q, k, v = x.split([s.num_attention_heads * s.head_dim] + 2 * [s.num_key_value_heads * s.head_dim], dim=-1)
+        q = q.view(B, T, s.num_attention_heads, s.head_dim).transpose(1, 2)
+        k = k.view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
+        v = v.view(B, T, s.num_key_value_heads, s.head_dim).transpose(1, 2)
         cos, sin = self.rotary(positions)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
@@ -100,12 +107,15 @@ class Eagle3Draft(nn.Module):
 
     def step_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The weights a draft step uses, cast to the compute dtype once per forward. Every TTT step
-        reuses these copies, so the gradient is summed on them and reaches each fp32 master once."""
+        reuses these copies, so the gradient is summed on them and reaches each fp32 master once.
+        ``in`` stacks the attention's projections of the [2H] input (columns: token half, hidden half)."""
         m, mlp = self.midlayer, self.midlayer.mlp
         w = {"input_norm": m.input_layernorm.weight, "hidden_norm": m.hidden_norm.weight, **m.self_attn.weights(),
              "post_norm": m.post_attention_layernorm.weight, "gate": mlp.gate_proj.weight, "up": mlp.up_proj.weight,
              "down": mlp.down_proj.weight, "norm": self.norm.weight, "lm_head": self.lm_head.weight}
-        return {k: v.to(dtype) for k, v in w.items()}
+        w = {k: v.to(dtype) for k, v in w.items()}
+        w["in"] = torch.cat([x.to(dtype) for x in m.self_attn.in_weights()])
+        return w
 
     def project_aux(self, aux: torch.Tensor) -> torch.Tensor:
         """Step 0's ``h`` from the captured features [B, T, k*Ht]: per-layer ``fc_norm`` (if any), then ``fc``."""
@@ -116,10 +126,21 @@ class Eagle3Draft(nn.Module):
                             dim=-1)
         return self.fc(aux)
 
-    def qkv(self, w: dict, embeds: torch.Tensor, h: torch.Tensor, positions: torch.Tensor):
-        """Queries, keys and values of one draft step. embeds, h: [B, T, H]; positions: [B, T]."""
-        eps = self.spec.rms_norm_eps
-        x = torch.cat([rms_norm(embeds, w["input_norm"], eps), rms_norm(h, w["hidden_norm"], eps)], dim=-1)
+    def token_proj(self, w: dict, ids: torch.Tensor, steps: int) -> torch.Tensor:
+        """The token half of every TTT step's attention input, projected once: ``[B, T-1+steps, P]``,
+        of which step ``i`` reads rows ``i .. i+T-1`` (its token at index t is ``ids[t+1+i]``, id 0
+        past the end). The projection acts per token, so it commutes with the shift: one GEMM (and
+        its gradients) instead of one a step, and no [2H] concatenation."""
+        B, _ = ids.shape
+        tokens = torch.cat([ids[:, 1:], ids.new_zeros(B, steps)], dim=1)
+        e = self.embed_tokens(tokens).to(w["in"].dtype)
+        return F.linear(rms_norm(e, w["input_norm"], self.spec.rms_norm_eps), w["in"][:, : self.spec.hidden_size])
+
+    def qkv(self, w: dict, tok: torch.Tensor, h: torch.Tensor, positions: torch.Tensor):
+        """Queries, keys and values of one draft step: SGLang's projection of
+        ``cat(input_layernorm(embed), hidden_norm(h))``, as the token half (``tok``: this step's rows
+        of :meth:`token_proj`) plus the hidden half. h: [B, T, H]; positions: [B, T]."""
+        x = tok + F.linear(rms_norm(h, w["hidden_norm"], self.spec.rms_norm_eps), w["in"][:, self.spec.hidden_size :])
         return self.midlayer.self_attn.qkv(w, x, positions)
 
     def finish(self, w: dict, h: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -151,5 +172,5 @@ class Eagle3Draft(nn.Module):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * lengths)
         self.qkv = torch.compile(self.qkv, dynamic=False)
         self.finish = torch.compile(self.finish, dynamic=False)
-        self.attention = flex_ttt_attention
+        self.attention = flash_ttt_attention
         self.head_chunk = torch.compile(head_chunk)

@@ -139,12 +139,138 @@ def flex_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[t
     return fn(q, k, v, block_mask=_block_masks[key], enable_gqa=Hq != k.shape[1])
 
 
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float):
+    """Causal attention of q [B, Hq, T, d] over k, v [B, Hkv, T, d | d_v] and the log-sum-exp of its
+    scores [B, Hq, T] (fp32), plus what :func:`causal_attention_backward` needs. FlashAttention
+    (torch's kernel) in half precision on CUDA, exact math otherwise."""
+    if q.is_cuda and q.dtype in (torch.bfloat16, torch.float16):
+        ke, ve = _flash_kv(q, k, v)
+        out, lse, *state = torch.ops.aten._scaled_dot_product_flash_attention(q, ke, ve, 0.0, True, False, scale=scale)
+        return out[..., : v.shape[-1]], lse, state[:6]
+    s = _causal_scores(q, k, scale)
+    return (s.softmax(-1) @ _grouped(v, q).float()).to(q.dtype), s.logsumexp(-1), None
+
+
+def causal_attention_backward(dout, q, k, v, out, lse, scale: float, state):
+    """Gradients of q, k, v through the causal scores of a softmax whose output is ``out`` and whose
+    normaliser is ``lse``: FlashAttention's backward. Given the output and normaliser of a softmax
+    over *more* keys (the TTT diagonal), it returns this key set's share of that softmax's gradient,
+    since P = exp(S - lse) and rowsum(dout * out) are all it reads of them."""
+    if state is not None:
+        ke, ve = _flash_kv(q, k, v)
+        pad = q.shape[-1] - v.shape[-1]  # MLA: values narrower than keys, zero-padded for the kernel
+        dq, dk, dv = torch.ops.aten._scaled_dot_product_flash_attention_backward(
+            F.pad(dout, (0, pad)), q, ke, ve, F.pad(out, (0, pad)), lse, *state[:4], 0.0, True, *state[4:], scale=scale)
+        return dq, _group_sum(dk, k), _group_sum(dv[..., : v.shape[-1]], v)
+    p = (_causal_scores(q, k, scale) - lse[..., None]).exp()
+    do = dout.float()
+    ds = p * (do @ _grouped(v, q).float().transpose(-1, -2) - (do * out.float()).sum(-1, keepdim=True)) * scale
+    return ((ds @ _grouped(k, q).float()).to(q.dtype), _group_sum((ds.transpose(-1, -2) @ q.float()).to(k.dtype), k),
+            _group_sum((p.transpose(-1, -2) @ do).to(v.dtype), v))
+
+
+def _grouped(x: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Key/value heads repeated to the query heads (GQA: query head h reads key head h // group)."""
+    return x.repeat_interleave(q.shape[1] // x.shape[1], dim=1)
+
+
+def _group_sum(dx: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """The gradient of :func:`_grouped`: a key head's share summed over its query heads."""
+    return dx.unflatten(1, (x.shape[1], -1)).sum(2)
+
+
+def _flash_kv(q, k, v):
+    """k and v as the flash kernel takes them: a head per query head, v as wide as q."""
+    return _grouped(k, q), F.pad(_grouped(v, q), (0, q.shape[-1] - v.shape[-1]))
+
+
+def _causal_scores(q, k, scale: float) -> torch.Tensor:
+    T = q.shape[2]
+    s = (q.float() @ _grouped(k, q).float().transpose(-1, -2)) * scale
+    return s.masked_fill(~torch.ones(T, T, dtype=torch.bool, device=q.device).tril(), float("-inf"))
+
+
+class _TTTAttention(torch.autograd.Function):
+    """:func:`ttt_attention` as causal attention over step 0's keys (:func:`causal_attention`) merged
+    with the diagonal keys of the later steps by their log-sum-exp; the diagonal is elementwise (one
+    score per query and step). Backward runs the causal kernel's backward on the merged output and
+    normaliser, then the diagonal's gradients elementwise."""
+
+    @staticmethod
+    def forward(ctx, q, *kv):
+        n = len(kv) // 2
+        keys, values = kv[:n], kv[n:]
+        scale = q.shape[-1] ** -0.5
+        out, lse, state = causal_attention(q, keys[0], values[0], scale)
+        if n > 1:
+            G = (keys[0].shape[1], -1)  # query heads grouped by their key head
+            qg = q.float().unflatten(1, G)
+            s = torch.stack([(qg * k.float()[:, :, None]).sum(-1) for k in keys[1:]]) * scale
+            lse_c = lse.unflatten(1, G)
+            lse = torch.logaddexp(lse_c, s.logsumexp(0))
+            merged = (lse_c - lse).exp()[..., None] * out.float().unflatten(1, G)
+            for s_j, v in zip(s, values[1:]):
+                merged = merged + (s_j - lse).exp()[..., None] * v.float()[:, :, None]
+            out, lse = merged.flatten(1, 2).to(q.dtype), lse.flatten(1, 2)
+        ctx.save_for_backward(q, out, lse, *kv)
+        ctx.state = state
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, out, lse, *kv = ctx.saved_tensors
+        n = len(kv) // 2
+        keys, values = kv[:n], kv[n:]
+        scale = q.shape[-1] ** -0.5
+        dq, dk, dv = causal_attention_backward(dout.contiguous(), q, keys[0], values[0], out, lse, scale, ctx.state)
+        dks, dvs = [dk], [dv]
+        if n > 1:
+            G = (keys[0].shape[1], -1)
+            qg, dog, lse = q.float().unflatten(1, G), dout.float().unflatten(1, G), lse.unflatten(1, G)
+            rowdot = (dog * out.float().unflatten(1, G)).sum(-1)
+            dqg = dq.float().unflatten(1, G)
+            for k, v in zip(keys[1:], values[1:]):
+                kf, vf = k.float()[:, :, None], v.float()[:, :, None]
+                p = ((qg * kf).sum(-1) * scale - lse).exp()
+                ds = p * ((dog * vf).sum(-1) - rowdot) * scale
+                dqg = dqg + ds[..., None] * kf
+                dks.append((ds[..., None] * qg).sum(2).to(k.dtype))
+                dvs.append((p[..., None] * dog).sum(2).to(v.dtype))
+            dq = dqg.flatten(1, 2).to(q.dtype)
+        return (dq, *dks, *dvs)
+
+
+def flash_ttt_attention(q: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor],
+                        valid: torch.Tensor, steps: int) -> torch.Tensor:
+    """:func:`ttt_attention` through :class:`_TTTAttention`: FlashAttention for the causal keys on
+    CUDA. Batches are padded on the right, so a padding key is only ever seen by padding queries
+    (causal and diagonal keys sit at or before the query) and ``valid`` needs no mask here."""
+    return _TTTAttention.apply(q, *keys, *values)
+
+
 def shift_left(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     """x[:, t] <- x[:, t+n]; the last n positions get ``fill``."""
     if n == 0:
         return x
     pad = torch.full_like(x[:, :n], fill)
     return torch.cat([x[:, n:], pad], dim=1)
+
+
+def ttt_steps(model: torch.nn.Module, w: dict, ids: torch.Tensor, h: torch.Tensor, valid: torch.Tensor,
+              ttt_length: int) -> list[torch.Tensor]:
+    """The unrolled draft steps from step 0's ``h`` [B, T, H] (weights ``w`` from ``step_weights``):
+    each step's final-normed output [B, T, H], the lm_head's input."""
+    B, T = ids.shape
+    positions = torch.arange(T, device=ids.device)[None].expand(B, T)
+    tok = model.token_proj(w, ids, ttt_length)
+    keys, values, out = [], [], []
+    for i in range(ttt_length):
+        q, k, v = model.qkv(w, tok[:, i : i + T], h, positions + i)
+        keys.append(k)
+        values.append(v)
+        h, normed = model.finish(w, h, model.attention(q, keys, values, valid, ttt_length))
+        out.append(normed)
+    return out
 
 
 def ttt_forward(model: torch.nn.Module, batch: dict, lm_head_weight: torch.Tensor,
@@ -157,26 +283,16 @@ def ttt_forward(model: torch.nn.Module, batch: dict, lm_head_weight: torch.Tenso
     ranks, so the result does not depend on how the data was split.
     """
     ids, valid = batch["input_ids"], batch["valid"]
-    B, T = ids.shape
+    T = ids.shape[1]
     probs, in_vocab = target_probs(batch["last"], lm_head_weight, model.d2t, model.t2d)
-    probs_argmax = probs.argmax(-1)
     # index t predicts x[t+2+i] (an assistant token) from the target's distribution at t+1+i (whose
     # argmax lies in the draft vocabulary)
     scored = batch["loss_mask"].bool() & valid
     h = model.project_aux(batch["aux"])
-    positions = torch.arange(T, device=ids.device)[None].expand(B, T)
     dtype = torch.get_autocast_dtype(ids.device.type) if torch.is_autocast_enabled(ids.device.type) else h.dtype
     w = model.step_weights(dtype)
-    h = h.to(dtype)
-    keys, values, rows, masks = [], [], [], []
-    for i in range(ttt_length):
-        tok = shift_left(ids, 1 + i)
-        q, k, v = model.qkv(w, model.embed_tokens(tok).to(dtype), h, positions + i)
-        keys.append(k)
-        values.append(v)
-        h, normed = model.finish(w, h, model.attention(q, keys, values, valid, ttt_length))
-        L = T - 1 - i  # rows t whose target distribution (at t+1+i) exists
-        rows.append(normed[:, :L])
-        masks.append(shift_left(scored, 2 + i, False)[:, :L] & in_vocab[:, 1 + i :])
-    losses, correct = DraftHeadLoss.apply(w["lm_head"], probs, probs_argmax, masks, model.head_chunk, *rows)
+    normed = ttt_steps(model, w, ids, h.to(dtype), valid, ttt_length)
+    rows = [x[:, : T - 1 - i] for i, x in enumerate(normed)]  # rows t whose target distribution (at t+1+i) exists
+    masks = [shift_left(scored, 2 + i, False)[:, : T - 1 - i] & in_vocab[:, 1 + i :] for i in range(ttt_length)]
+    losses, correct = DraftHeadLoss.apply(w["lm_head"], probs, probs.argmax(-1), masks, model.head_chunk, *rows)
     return losses, correct, torch.stack([m.sum() for m in masks])
