@@ -231,14 +231,18 @@ def check_fused() -> dict:
 
 
 def step_gemm_flops(seq: int, ttt: int) -> float:
-    """The dense matmul FLOPs of one training step (batch 1), counted from the draft's shapes: per TTT
-    step q/k/v over the 2H input, o, the MLP and the draft lm_head, forward and backward (input and
-    weight gradients: 3x forward); fc once (weight gradient only: 2x); the target's full-vocabulary
-    head once, forward only. Attention's score/value products are not counted (they are not GEMMs here)."""
+    """The dense matmul FLOPs of one training step (batch 1), counted from the draft's shapes as the
+    trainer runs them: per TTT step the hidden half of the q/k/v projection, o, the MLP and the draft
+    lm_head, forward and backward (input and weight gradients: 3x forward); the token half of the
+    q/k/v projection once over ``seq - 1 + ttt`` rows (``Eagle3Draft.token_proj``; 3x: its input
+    gradient feeds input_layernorm's weight); fc once (weight gradient only: 2x); the target's
+    full-vocabulary head once, forward only. Attention's score/value products are not counted (they
+    are not GEMMs here)."""
     H, h = SHAPE["hidden"], SHAPE["hidden"] // SHAPE["heads"]
-    per_step = 2 * seq * (2 * H * (SHAPE["heads"] + 2 * SHAPE["kv_heads"]) * h + SHAPE["heads"] * h * H
-                          + 3 * H * SHAPE["intermediate"] + H * SHAPE["draft_vocab"])
-    return 3 * ttt * per_step + 2 * (2 * seq * 3 * H * H) + 2 * seq * H * SHAPE["vocab"]
+    qkv = H * (SHAPE["heads"] + 2 * SHAPE["kv_heads"]) * h
+    per_step = 2 * seq * (qkv + SHAPE["heads"] * h * H + 3 * H * SHAPE["intermediate"] + H * SHAPE["draft_vocab"])
+    tokens = 3 * 2 * (seq - 1 + ttt) * qkv
+    return 3 * ttt * per_step + tokens + 2 * (2 * seq * 3 * H * H) + 2 * seq * H * SHAPE["vocab"]
 
 
 def dense_bf16_rate(n: int = 8192, reps: int = 20) -> float:

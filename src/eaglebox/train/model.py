@@ -32,7 +32,7 @@ from eaglebox.train.loss import head_chunk
 from eaglebox.train.mla import MLAAttention
 from eaglebox.train.norm import RMSNorm, rms_norm
 from eaglebox.train.rope import Rotary, apply_rotary
-from eaglebox.train.ttt import flash_ttt_attention, ttt_attention, ttt_forward
+from eaglebox.train.ttt import flex_ttt_attention, ttt_attention, ttt_forward
 
 PAD_MULTIPLE = 128  # CUDA batches are padded to this many tokens: flex attention's block size
 
@@ -108,13 +108,17 @@ class Eagle3Draft(nn.Module):
     def step_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The weights a draft step uses, cast to the compute dtype once per forward. Every TTT step
         reuses these copies, so the gradient is summed on them and reaches each fp32 master once.
-        ``in`` stacks the attention's projections of the [2H] input (columns: token half, hidden half)."""
+        ``in_tok`` and ``in_hid`` stack the attention's projections of the [2H] input, its token and hidden
+        halves (contiguous: cuBLAS ran the strided halves of one stacked weight slower on the H200)."""
         m, mlp = self.midlayer, self.midlayer.mlp
         w = {"input_norm": m.input_layernorm.weight, "hidden_norm": m.hidden_norm.weight, **m.self_attn.weights(),
              "post_norm": m.post_attention_layernorm.weight, "gate": mlp.gate_proj.weight, "up": mlp.up_proj.weight,
              "down": mlp.down_proj.weight, "norm": self.norm.weight, "lm_head": self.lm_head.weight}
         w = {k: v.to(dtype) for k, v in w.items()}
-        w["in"] = torch.cat([x.to(dtype) for x in m.self_attn.in_weights()])
+        H = self.spec.hidden_size
+        ins = m.self_attn.in_weights()
+        w["in_tok"], w["in_hid"] = (torch.cat([x[:, half].to(dtype, memory_format=torch.contiguous_format) for x in ins])
+                                    for half in (slice(None, H), slice(H, None)))
         return w
 
     def project_aux(self, aux: torch.Tensor) -> torch.Tensor:
@@ -133,14 +137,14 @@ class Eagle3Draft(nn.Module):
         its gradients) instead of one a step, and no [2H] concatenation."""
         B, _ = ids.shape
         tokens = torch.cat([ids[:, 1:], ids.new_zeros(B, steps)], dim=1)
-        e = self.embed_tokens(tokens).to(w["in"].dtype)
-        return F.linear(rms_norm(e, w["input_norm"], self.spec.rms_norm_eps), w["in"][:, : self.spec.hidden_size])
+        e = self.embed_tokens(tokens).to(w["in_tok"].dtype)
+        return F.linear(rms_norm(e, w["input_norm"], self.spec.rms_norm_eps), w["in_tok"])
 
     def qkv(self, w: dict, tok: torch.Tensor, h: torch.Tensor, positions: torch.Tensor):
         """Queries, keys and values of one draft step: SGLang's projection of
         ``cat(input_layernorm(embed), hidden_norm(h))``, as the token half (``tok``: this step's rows
         of :meth:`token_proj`) plus the hidden half. h: [B, T, H]; positions: [B, T]."""
-        x = tok + F.linear(rms_norm(h, w["hidden_norm"], self.spec.rms_norm_eps), w["in"][:, self.spec.hidden_size :])
+        x = tok + F.linear(rms_norm(h, w["hidden_norm"], self.spec.rms_norm_eps), w["in_hid"])
         return self.midlayer.self_attn.qkv(w, x, positions)
 
     def finish(self, w: dict, h: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -172,5 +176,5 @@ class Eagle3Draft(nn.Module):
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * lengths)
         self.qkv = torch.compile(self.qkv, dynamic=False)
         self.finish = torch.compile(self.finish, dynamic=False)
-        self.attention = flash_ttt_attention
+        self.attention = flex_ttt_attention
         self.head_chunk = torch.compile(head_chunk)
