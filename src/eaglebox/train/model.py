@@ -109,7 +109,8 @@ class Eagle3Draft(nn.Module):
         """The weights a draft step uses, cast to the compute dtype once per forward. Every TTT step
         reuses these copies, so the gradient is summed on them and reaches each fp32 master once.
         ``in_tok`` and ``in_hid`` stack the attention's projections of the [2H] input, its token and hidden
-        halves (contiguous: cuBLAS ran the strided halves of one stacked weight slower on the H200)."""
+        halves, contiguous (on the H200 the step's GEMMs took 44.4 ms with strided halves of one stacked
+        weight, 42.0 contiguous)."""
         m, mlp = self.midlayer, self.midlayer.mlp
         w = {"input_norm": m.input_layernorm.weight, "hidden_norm": m.hidden_norm.weight, **m.self_attn.weights(),
              "post_norm": m.post_attention_layernorm.weight, "gate": mlp.gate_proj.weight, "up": mlp.up_proj.weight,
