@@ -52,7 +52,8 @@ class MLAAttention(nn.Module):
         self.rotary = Rotary(replace(s, head_dim=s.qk_rope_head_dim))
 
     def in_weights(self) -> list[torch.Tensor]:
-        """The projections of the step's [2H] input, stacked into one ``in`` weight by the draft."""
+        """The projections of the step's [2H] input; the draft stacks their token and hidden halves
+        (``in_tok``, ``in_hid``: :meth:`Eagle3Draft.step_weights`)."""
         return [self.q_a_proj.weight, self.kv_a_proj_with_mqa.weight]
 
     def weights(self) -> dict[str, torch.Tensor]:

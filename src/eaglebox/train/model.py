@@ -50,7 +50,8 @@ class LlamaAttention(nn.Module):
         self.rotary = Rotary(s)
 
     def in_weights(self) -> list[torch.Tensor]:
-        """The projections of the step's [2H] input, stacked into one ``in`` weight by the draft."""
+        """The projections of the step's [2H] input; the draft stacks their token and hidden halves
+        (``in_tok``, ``in_hid``: :meth:`Eagle3Draft.step_weights`)."""
         return [self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]
 
     def weights(self) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ gate's evaluator (SGLang's ``LlamaForCausalLMEagle3`` on the GPU) on the same he
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import lzma
 import os
@@ -42,8 +43,10 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
+@functools.cache
 def task_rows() -> list[str]:
-    """The carried task corpus, one JSON row a line: its first rows train the target, its last are extracted."""
+    """The carried task corpus, one JSON row a line: its first rows train the target, its last are
+    extracted (decompressed once a process)."""
     return lzma.decompress((CARRY / "tasks.jsonl.xz").read_bytes()).decode().splitlines()
 
 
