@@ -179,10 +179,14 @@ def test_two_concurrent_requests_for_one_sample_each_span_several_chunks(capture
         answers = list(pool.map(send, ["first", "retry"]))
     assert [a.status_code for a in answers] == [200, 200] and srv.alive()
     assert [a.json()["meta_info"]["hidden_states"][0]["rows"] for a in answers] == [300, 300]
+    # both writes were queued before either answer was sent; each renames over the other, so wait until the
+    # folder has held only the file for a second (CI once read it while the second write's temp was open)
     path = staging / "dup0.safetensors"
-    deadline = time.monotonic() + 60
-    while not path.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    deadline, settled = time.monotonic() + 60, None
+    while time.monotonic() < deadline and (settled is None or time.monotonic() - settled < 1.0):
+        alone = sorted(p.name for p in staging.iterdir()) == [path.name]
+        settled = (settled or time.monotonic()) if alone else None
+        time.sleep(0.02)
     with safe_open(str(path), "pt") as f:
         got = {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}
         assert f.metadata()["sha256"] == tensor_sha256(got)
