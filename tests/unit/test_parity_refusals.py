@@ -19,7 +19,7 @@ from eaglebox.capture.sink import CaptureSink
 from eaglebox.config import load_config
 from eaglebox.errors import EagleboxError
 from eaglebox.extract.client import Planned, commit_shard
-from eaglebox.shards.format import FORMAT, ShardError, save_manifest
+from eaglebox.shards.format import FORMAT, SAMPLE_HEADER_KEYS, ShardError, save_manifest
 from eaglebox.shards.spec import capture_spec
 
 
@@ -47,7 +47,7 @@ def capture(target: Path, layer_ids: list[int], out: Path, num_samples: int = 4)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     rows = [json.loads(line) for line in (TINY / "data" / "heldout.jsonl").read_text().splitlines()[:num_samples]]
     staging = out.parent / f"{out.name}-staging"
-    sink = CaptureSink(staging, header={k: spec[k] for k in ("engine_version", "captured_layer_inputs")})
+    sink = CaptureSink(staging, header={k: spec[k] for k in SAMPLE_HEADER_KEYS})
     planned = []
     with torch.no_grad():
         for line, row in enumerate(rows, 1):
@@ -73,7 +73,7 @@ def shards(tiny_target, tmp_path_factory):
 
 def test_shards_of_the_reference_itself_pass(shards, tiny_target):
     report = parity_report(shards["tiny"], tiny_target)
-    assert report["ok"] and report["samples"] == 4
+    assert report["ok"] and report["samples"] == 4 and report["verified"] == 4
     assert [x["reference_index"] for x in report["aux"]] == [1, 2, 3]
     assert all(x["cos"] > 0.999 for x in report["aux"]) and report["last"]["cos"] > 0.999
 

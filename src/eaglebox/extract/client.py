@@ -33,12 +33,17 @@ from eaglebox import progress
 from eaglebox.errors import EagleboxError
 from eaglebox.extract.dataset import BadRow, Row, read_chat_template, read_rows, tokenize
 from eaglebox.shards.format import (
+    DAMAGED,
     DTYPE_CODES,
     FORMAT,
+    DamagedSample,
+    ShardError,
+    check_index,
     file_sha256,
     fsync_dir,
     load_manifest,
     open_safetensors,
+    read_sample,
     save_manifest,
     shard_dir,
     shard_name,
@@ -248,12 +253,9 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
         tmp.unlink()
     manifest = manifest or {"format": FORMAT, "capture": spec, "shards": []}
     manifest["dataset"] = {"path": str(e.dataset), "sha256": file_sha256(Path(e.dataset))}
-    for name, entry in list(done.items()):  # a resumed run trusts only shards whose index hashes right
-        complete = all((out / s["file"]).exists() for s in entry["samples"])
-        if not complete or not (out / name).exists() or file_sha256(out / name) != entry["sha256"]:
-            log(f"{out / name}: missing or damaged; it will be captured again")
-            manifest["shards"] = [s for s in manifest["shards"] if s["file"] != name]
-            del done[name]
+    for name in set_aside_damaged(out, manifest, e.concurrency, log):
+        manifest["shards"] = [s for s in manifest["shards"] if s["file"] != name]
+        del done[name]
     client = Client(url, e.max_retries, e.retry_backoff_s, alive)
     bar = progress.bar(total=sum(len(p.input_ids) for p in planned), unit="tok", unit_scale=True, desc="extract",
                initial=sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) in done for p in sh))
@@ -294,6 +296,47 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
         pool.shutdown(wait=True, cancel_futures=True)
     bar.close()
     return manifest
+
+
+def set_aside_damaged(out: Path, manifest: dict, threads: int, log=print) -> list[str]:
+    """Verify every committed shard of a resumed run: its index (:func:`check_index`) and each of its
+    samples, read whole (:func:`read_sample`), ``threads`` at a time. A damaged sample is moved to
+    ``out/damaged/`` (kept for inspection, out of the way of its recapture); returns the shards to
+    capture again (their intact samples are reused)."""
+    samples = [(shard, s) for shard in manifest["shards"] for s in shard["samples"]]
+    if not samples:
+        return []
+
+    def damage(item) -> str | None:
+        _, s = item
+        try:
+            read_sample(out / s["file"], s["sha256"], s["rows"], manifest["capture"])
+        except DamagedSample as err:
+            return str(err)
+        return None
+
+    t0 = time.monotonic()
+    redo = set()
+    for shard in manifest["shards"]:
+        try:
+            check_index(out / shard["file"], shard, manifest["capture"])
+        except ShardError as err:
+            log(f"extract: {err}; shard {shard['file']} will be committed again")
+            redo.add(shard["file"])
+    with ThreadPoolExecutor(threads) as pool:
+        for (shard, s), why in zip(samples, pool.map(damage, samples)):
+            if why is None:
+                continue
+            path, aside = out / s["file"], out / DAMAGED / s["file"]
+            if path.exists():
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(path, aside)
+                why += f"; moved to {aside}"
+            log(f"extract: {why}; it will be captured again")
+            redo.add(shard["file"])
+    log(f"extract: verified the {len(samples)} committed samples in {time.monotonic() - t0:.1f} s; "
+        f"{len(redo)} shards to capture again")
+    return sorted(redo)
 
 
 def capture_one(client: Client, p: Planned) -> Planned:

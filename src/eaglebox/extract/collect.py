@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from eaglebox.extract.client import Client, Planned, capture_one, sample_id, verify_staged, wait_for_files
-from eaglebox.shards.format import sample_tensors
+from eaglebox.shards.format import read_sample
 
 
 def greedy(client: Client, prompt: list[int], max_new_tokens: int) -> list[int]:
@@ -25,8 +25,7 @@ def collect(client: Client, prompts: list[list[int]], max_new_tokens: int, stagi
         capture_one(client, p)
         path = staging / f"{p.id}.safetensors"
         wait_for_files([(path, f"prompt {i + 1}")])
-        verify_staged(path, p, spec)
-        aux = sample_tensors(path)[0]["aux"]
+        aux = read_sample(path, verify_staged(path, p, spec), len(seq), spec)["aux"]
         path.unlink()
         out.append((torch.tensor(seq), aux.float(), len(prompt)))
     return out

@@ -15,6 +15,11 @@ A shard is a group of ``shard_size`` samples:
 layers the running model actually hooked), every committed shard with its index's sha256, and every
 sample with its id, file, row offset and tensor sha256. A shard exists for readers only once the
 manifest names it; files are written temp-then-rename, so no reader ever sees a partial file.
+
+Readers trust nothing they do not check: opening the shards hashes each (small) index and compares
+its recorded capture header and sample ids with the manifest's; reading a sample (:func:`read_sample`)
+hashes its tensors against the manifest and compares its own header, rows and token ids with the
+manifest's and the index's. A damaged file stops the reader naming it and :data:`REPAIR`.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import json
 import os
 import struct
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -34,6 +40,12 @@ from eaglebox.errors import EagleboxError
 
 FORMAT = "eaglebox-shards/2"
 MANIFEST = "manifest.json"
+DAMAGED = "damaged"
+"""Where ``eaglebox extract`` sets aside committed samples that fail verification, before capturing them again."""
+REPAIR = ("run `eaglebox extract` again with the config that wrote {dir}: it re-verifies every committed sample, "
+          f"moves damaged ones to {{dir}}/{DAMAGED}/ and captures them again")
+SAMPLE_HEADER_KEYS = ("engine", "engine_version", "captured_layer_inputs")
+"""What the capture server records of the capture spec in every sample file (``capture/hook.py``)."""
 
 
 class ShardError(EagleboxError, ValueError):
@@ -48,8 +60,7 @@ def open_safetensors(path: Path, error: type[EagleboxError] = ShardError):
         with safe_open(str(path), "pt") as f:
             yield f
     except SafetensorError as err:
-        raise error(f"{path}: not a complete safetensors file ({err}); it was cut short or overwritten: "
-                    "remove it and run the command again to rewrite it") from err
+        raise error(f"{path}: not a complete safetensors file ({err}); it was cut short or overwritten") from err
 
 
 @contextmanager
@@ -154,10 +165,61 @@ def shard_dir(index: int) -> str:
     return f"shard-{index:05d}"
 
 
-def sample_tensors(path: Path) -> tuple[dict[str, torch.Tensor], dict[str, str]]:
-    """A sample file's ``input_ids``, ``aux`` and ``last``, and its metadata."""
-    with open_safetensors(path) as f:
-        return {k: f.get_tensor(k) for k in ("input_ids", "aux", "last")}, f.metadata()
+class DamagedSample(ShardError):
+    """A committed sample that is not what the manifest says it is (its message names the file and why)."""
+
+
+CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+SAMPLE_KEYS = ("aux", "input_ids", "last")
+
+
+def read_sample(path: Path, sha256: str, rows: int, capture: dict) -> dict[str, torch.Tensor]:
+    """A committed sample's ``input_ids``, ``aux`` and ``last``, read whole (one read into one buffer,
+    the tensors are views of it) and verified: the tensors' sha256 is ``sha256`` (the manifest's), its
+    header's engine and captured layers are ``capture``'s, it has ``rows`` rows. sha256 releases the GIL
+    on these buffers, so loader threads verify in parallel. Raises :class:`DamagedSample`."""
+    try:
+        size = path.stat().st_size
+        buf = bytearray(size)
+        with open(path, "rb", buffering=0) as f:
+            got = f.readinto(buf)
+    except OSError as err:
+        raise DamagedSample(f"{path}: cannot be read ({err.strerror})") from err
+    try:
+        n = struct.unpack_from("<Q", buf)[0]
+        if got != size or 8 + n > size:
+            raise ValueError(f"its header needs {8 + n} bytes")
+        header = json.loads(bytes(buf[8 : 8 + n]))
+        meta = header.pop("__metadata__", {})
+        entries = {k: header[k] for k in SAMPLE_KEYS}
+        end = max(e["data_offsets"][1] for e in header.values())
+        if 8 + n + end != size:
+            raise ValueError(f"its header describes {8 + n + end} bytes")
+    except (struct.error, ValueError, KeyError, TypeError) as err:
+        raise DamagedSample(f"{path}: not a complete sample file ({size} bytes; {err}): cut short or overwritten")
+    data = memoryview(buf)[8 + n :]
+    h = hashlib.sha256()
+    for key in SAMPLE_KEYS:  # tensor_sha256's order and bytes
+        a, b = entries[key]["data_offsets"]
+        h.update(key.encode())
+        h.update(data[a:b])
+    if h.hexdigest() != sha256:
+        raise DamagedSample(f"{path}: its tensors' sha256 differs from {MANIFEST}: the file changed after capture")
+    recorded = json.loads(meta.get("header", "{}"))
+    for key in SAMPLE_HEADER_KEYS:
+        if recorded.get(key) != capture.get(key):
+            raise DamagedSample(f"{path}: the capture server recorded {key}={recorded.get(key)!r}, {MANIFEST} says "
+                                f"{capture.get(key)!r}")
+    out = {}
+    for key in SAMPLE_KEYS:
+        e = entries[key]
+        a, b = e["data_offsets"]
+        dtype = CODE_DTYPES[e["dtype"]]
+        out[key] = torch.frombuffer(buf, dtype=dtype, count=(b - a) // dtype.itemsize, offset=8 + n + a).view(e["shape"])
+    if not out["input_ids"].shape[0] == out["aux"].shape[0] == out["last"].shape[0] == rows:
+        raise DamagedSample(f"{path}: {out['input_ids'].shape[0]} token ids, {out['aux'].shape[0]} aux and "
+                            f"{out['last'].shape[0]} last rows; {MANIFEST} says {rows}")
+    return out
 
 
 def write_index(path: Path, ids: list[list[int]], masks: list[list[int]], sample_ids: list[str],
@@ -199,36 +261,58 @@ def manifest_digest(manifest: dict) -> str:
     return hashlib.sha256(json.dumps([manifest["capture"], shards], sort_keys=True).encode()).hexdigest()
 
 
+def check_index(path: Path, shard: dict, capture: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """A shard's index, checked against its manifest entry ``shard`` and the manifest's ``capture``: its
+    sha256, the capture header and sample ids it records, its sample offsets. Returns its token ids and
+    loss mask."""
+    if not path.exists():
+        raise ShardError(f"{path}: listed in {MANIFEST} but missing")
+    if file_sha256(path) != shard["sha256"]:
+        raise ShardError(f"{path}: sha256 differs from {MANIFEST}: the file changed after capture")
+    with open_safetensors(path) as f:
+        recorded = json.loads(f.metadata().get("eaglebox", "{}"))
+        ids, mask, offsets = (f.get_tensor(k) for k in ("input_ids", "loss_mask", "offsets"))
+    header = recorded.get("header") or {}
+    diff = sorted(k for k in header.keys() | capture.keys() if header.get(k) != capture.get(k))
+    if diff:
+        raise ShardError(f"{path}: records the capture {', '.join(f'{k}={header.get(k)!r}' for k in diff)}; "
+                         f"{MANIFEST} claims {', '.join(f'{k}={capture.get(k)!r}' for k in diff)}: the manifest was "
+                         "edited or belongs to other shards; extract again into an empty extract.output_dir")
+    samples = shard["samples"]
+    want = [s["offset"] for s in samples] + [samples[-1]["offset"] + samples[-1]["rows"] if samples else 0]
+    if recorded.get("sample_ids") != [s["id"] for s in samples] or offsets.tolist() != want:
+        raise ShardError(f"{path}: its sample ids or offsets differ from {MANIFEST}'s entry for it: the manifest was "
+                         "edited or belongs to other shards; extract again into an empty extract.output_dir")
+    return ids, mask
+
+
 class ShardReader:
     """Random access to samples across the shards a manifest names. The shards' indexes (ids and
-    loss masks) are held in memory; features are read from each sample's file when asked for.
-    ``verify`` hashes every index file and every sample's tensors against the manifest."""
+    loss masks) are checked (:func:`check_index`) and held in memory; each feature read is verified
+    (:func:`read_sample`). ``verify`` also verifies every sample at once, ``threads`` at a time."""
 
-    def __init__(self, out_dir: str | Path, *, verify: bool = False):
+    def __init__(self, out_dir: str | Path, *, verify: bool = False, threads: int = 8):
         self.dir = Path(out_dir)
         manifest = load_manifest(self.dir)
         if manifest is None:
             raise ShardError(f"{self.dir}: no {MANIFEST}; run `eaglebox extract` first")
         self.manifest = manifest
         self.header = manifest["capture"]
-        self.index: list[tuple[Path, int, int, int]] = []  # (sample file, shard, row offset, rows)
+        self.index: list[tuple[Path, int, int, int, str]] = []  # (sample file, shard, row offset, rows, sha256)
         self._ids, self._masks = [], []
         for si, shard in enumerate(manifest["shards"]):
-            path = self.dir / shard["file"]
-            if not path.exists():
-                raise ShardError(f"{path}: listed in {MANIFEST} but missing")
-            if verify and file_sha256(path) != shard["sha256"]:
-                raise ShardError(f"{path}: sha256 differs from {MANIFEST}")
-            with open_safetensors(path) as f:
-                self._ids.append(f.get_tensor("input_ids"))
-                self._masks.append(f.get_tensor("loss_mask"))
+            ids, mask = check_index(self.dir / shard["file"], shard, self.header)
+            self._ids.append(ids)
+            self._masks.append(mask)
             for s in shard["samples"]:
                 sample = self.dir / s["file"]
                 if not sample.exists():
-                    raise ShardError(f"{sample}: listed in {MANIFEST} but missing")
-                if verify and tensor_sha256(sample_tensors(sample)[0]) != s["sha256"]:
-                    raise ShardError(f"{sample}: its tensors' sha256 differs from {MANIFEST}")
-                self.index.append((sample, si, s["offset"], s["rows"]))
+                    raise ShardError(f"{sample}: listed in {MANIFEST} but missing; {REPAIR.format(dir=self.dir)}")
+                self.index.append((sample, si, s["offset"], s["rows"], s["sha256"]))
+        if verify:
+            with ThreadPoolExecutor(threads) as pool:
+                for _ in pool.map(self.get, range(len(self))):
+                    pass
 
     def __len__(self) -> int:
         return len(self.index)
@@ -238,13 +322,19 @@ class ShardReader:
 
     def ids_and_mask(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample ``i``'s token ids and loss mask, from the shard index (no feature bytes read)."""
-        _, si, off, n = self.index[i]
+        _, si, off, n, _ = self.index[i]
         return self._ids[si][off : off + n], self._masks[si][off : off + n]
 
     def get(self, i: int, max_rows: int | None = None) -> dict[str, torch.Tensor]:
-        path, _, _, n = self.index[i]
-        n = min(n, max_rows) if max_rows else n
+        """Sample ``i``, read whole and verified (:func:`read_sample`; its token ids also against the
+        index's), cut to ``max_rows``. A damaged file raises :class:`ShardError` naming it and the repair."""
+        path, _, _, n, sha256 = self.index[i]
         ids, mask = self.ids_and_mask(i)
-        with open_safetensors(path) as f:
-            return {"input_ids": ids[:n], "loss_mask": mask[:n], "aux": f.get_slice("aux")[:n],
-                    "last": f.get_slice("last")[:n]}
+        try:
+            s = read_sample(path, sha256, n, self.header)
+            if not torch.equal(s["input_ids"], ids):
+                raise DamagedSample(f"{path}: its token ids differ from its shard index's")
+        except DamagedSample as err:
+            raise ShardError(f"{err}; {REPAIR.format(dir=self.dir)}") from None
+        n = min(n, max_rows) if max_rows else n
+        return {"input_ids": ids[:n], "loss_mask": mask[:n], "aux": s["aux"][:n], "last": s["last"][:n]}

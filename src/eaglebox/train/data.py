@@ -1,6 +1,12 @@
-"""Samples from the shards, in a deterministic order that a resumed run can re-enter mid-epoch."""
+"""Samples from the shards, in a deterministic order that a resumed run can re-enter mid-epoch, read
+and verified ahead of the step by loader threads."""
 
 from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 import torch
 
@@ -22,10 +28,10 @@ def steps_per_epoch(n: int, world: int, batch_size: int) -> int:
     return n // (world * batch_size)
 
 
-def collate(reader: ShardReader, indices: list[int], max_length: int, device,
-            pad_multiple: int = 1) -> dict[str, torch.Tensor]:
-    """Right-padded batch; ``valid`` marks real tokens. ``pad_multiple`` rounds the length up, so a
-    compiled step sees few distinct shapes."""
+def collate(reader: ShardReader, indices: list[int], max_length: int, pad_multiple: int = 1) -> dict[str, torch.Tensor]:
+    """Right-padded batch on the host, each sample verified as it is read (:meth:`ShardReader.get`);
+    ``valid`` marks real tokens. ``pad_multiple`` rounds the length up, so a compiled step sees few
+    distinct shapes."""
     samples = [reader.get(i, max_rows=max_length) for i in indices]
     T = -(-max(s["input_ids"].shape[0] for s in samples) // pad_multiple) * pad_multiple
     B = len(samples)
@@ -44,4 +50,29 @@ def collate(reader: ShardReader, indices: list[int], max_length: int, device,
         out["valid"][b, :n] = True
         out["aux"][b, :n] = s["aux"]
         out["last"][b, :n] = s["last"]
-    return {k: v.to(device, non_blocking=True) for k, v in out.items()}
+    return out
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def prefetch(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Iterator[tuple[T, R]]:
+    """``(item, fn(item))`` in order, with ``fn`` run by ``threads`` threads up to ``2 * threads`` items
+    ahead: the training step never waits for a read and its hash unless the disk or the hashing is
+    slower than the step. The first error is raised when its item's turn comes; closing the iterator
+    cancels what is queued."""
+    pending: deque = deque()
+    with ThreadPoolExecutor(threads, thread_name_prefix="eaglebox-loader") as pool:
+        try:
+            for item in items:
+                pending.append((item, pool.submit(fn, item)))
+                if len(pending) > 2 * threads:
+                    item, fut = pending.popleft()
+                    yield item, fut.result()
+            while pending:
+                item, fut = pending.popleft()
+                yield item, fut.result()
+        finally:
+            for _, fut in pending:
+                fut.cancel()

@@ -26,7 +26,7 @@ from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.shards.spec import NOT_INSTALLED
 from eaglebox.target.weights import load_embed_and_head
 from eaglebox.train import checkpoint, heldout
-from eaglebox.train.data import batch_indices, collate, steps_per_epoch
+from eaglebox.train.data import batch_indices, collate, prefetch, steps_per_epoch
 from eaglebox.train.dist import Dist
 from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
 from eaglebox.train.step import make_optimizer, make_step
@@ -134,11 +134,12 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
         log(f"train: {'CUDA graphs, one per batch shape' if graphs else 'eager steps'} on {d.world} x {d.device.type}")
     bar = progress.bar(total=total, initial=step, desc="train", unit="step", disable=d.rank != 0)
     tokens_seen, t0 = torch.zeros((), dtype=torch.int64, device=d.device), time.monotonic()
-    while step < total:
-        epoch, in_epoch = divmod(step, per_epoch)
-        batch_ids = [train_ids[i] for i in batch_indices(len(train_ids), t.seed, epoch, in_epoch, d.world, d.rank,
-                                                          t.batch_size)]
-        batch = collate(reader, batch_ids, t.max_length, d.device, PAD_MULTIPLE if d.device.type == "cuda" else 1)
+    pad = PAD_MULTIPLE if d.device.type == "cuda" else 1
+    positions = (divmod(s, per_epoch) for s in range(step, total))
+    batches = prefetch(lambda at: collate(reader, [train_ids[i] for i in batch_indices(
+        len(train_ids), t.seed, *at, d.world, d.rank, t.batch_size)], t.max_length, pad), positions, t.loader_threads)
+    for (epoch, in_epoch), batch in batches:
+        batch = {k: v.to(d.device, non_blocking=True) for k, v in batch.items()}
         grad_norm, stats = step_fn(batch)
         scheduler.step()
         step += 1
