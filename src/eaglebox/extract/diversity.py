@@ -13,24 +13,88 @@ DOMINANT_SHARE = 0.5
 """An answer whose longest repeated n-gram covers more than this share of its words is dominated by it."""
 
 
+def _suffix_array(seq: list[int]) -> list[int]:
+    """Start positions of ``seq``'s suffixes in sorted order, by prefix doubling: O(n log^2 n), and
+    O(n log n) for text whose repeats are short (the rounds stop once every rank is distinct)."""
+    n = len(seq)
+    rank, sa, k = list(seq), list(range(n)), 1
+    while n > 1:
+        # one int per suffix for the pair (rank[i], rank[i + k]), -1 past the end sorting first
+        key = [rank[i] * (n + 1) + (rank[i + k] + 1 if i + k < n else 0) for i in range(n)]
+        sa.sort(key=key.__getitem__)
+        new = [0] * n
+        for j in range(1, n):
+            new[sa[j]] = new[sa[j - 1]] + (key[sa[j - 1]] != key[sa[j]])
+        rank = new
+        if rank[sa[-1]] == n - 1:
+            break
+        k *= 2
+    return sa
+
+
+def _lcp(seq: list[int], sa: list[int]) -> list[int]:
+    """``lcp[j]``: the common prefix length of suffixes ``sa[j-1]`` and ``sa[j]`` (Kasai: O(n))."""
+    n = len(seq)
+    rank = [0] * n
+    for j, i in enumerate(sa):
+        rank[i] = j
+    lcp, h = [0] * n, 0
+    for i in range(n):
+        if rank[i] > 0:
+            p = sa[rank[i] - 1]
+            while i + h < n and p + h < n and seq[i + h] == seq[p + h]:
+                h += 1
+            lcp[rank[i]] = h
+            h = max(h - 1, 0)
+        else:
+            h = 0
+    return lcp
+
+
+def _groups(sa: list[int], lcp: list[int], n: int):
+    """The start positions of each n-gram that occurs at least twice: runs of ``sa`` joined by ``lcp >= n``."""
+    group = [sa[0]]
+    for j in range(1, len(sa)):
+        if lcp[j] >= n:
+            group.append(sa[j])
+            continue
+        if len(group) > 1:
+            yield group
+        group = [sa[j]]
+    if len(group) > 1:
+        yield group
+
+
 def longest_repeated_ngram(words: list[str]) -> tuple[int, int]:
     """``(n, count)``: the largest ``n`` such that some n-gram of ``words`` occurs at least twice without
     overlapping, and the most non-overlapping occurrences any n-gram of that length has; ``(0, 0)``
-    when no word occurs twice."""
-    for n in range(len(words) // 2, 0, -1):
-        where: dict[tuple[str, ...], list[int]] = {}
-        for i in range(len(words) - n + 1):
-            where.setdefault(tuple(words[i : i + n]), []).append(i)
-        best = 0
-        for starts in where.values():
-            count, end = 0, -1
-            for s in starts:  # greedy left to right: the most non-overlapping occurrences
-                if s >= end:
-                    count, end = count + 1, s + n
-            best = max(best, count)
-        if best >= 2:
-            return n, best
-    return 0, 0
+    when no word occurs twice.
+
+    O(n log^2 n) in the answer's length (a suffix array, then a binary search on ``n``: a non-overlapping
+    repeat of length ``n`` has one of every shorter length in it), so a corpus report of long answers
+    costs about what reading them does."""
+    ids: dict[str, int] = {}
+    seq = [ids.setdefault(w, len(ids)) for w in words]
+    if len(ids) == len(seq):
+        return 0, 0
+    sa = _suffix_array(seq)
+    lcp = _lcp(seq, sa)
+
+    def repeats(n: int) -> bool:
+        return any(max(g) - min(g) >= n for g in _groups(sa, lcp, n))
+
+    lo, hi = 1, len(seq) // 2  # repeats(lo) holds (some word occurs twice); find the largest n that does
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if repeats(mid) else (lo, mid - 1)
+    best = 0
+    for starts in _groups(sa, lcp, lo):
+        count, end = 0, -1
+        for s in sorted(starts):  # greedy left to right: the most non-overlapping occurrences
+            if s >= end:
+                count, end = count + 1, s + lo
+        best = max(best, count)
+    return lo, best
 
 
 def repeated_ngram_share(answer: str) -> float:
