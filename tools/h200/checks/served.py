@@ -148,7 +148,7 @@ def pad_target(shallow: Path, out: Path, layers: int = LAYERS, placement=PLACEME
             shutil.copy(f, tmp / f.name)
     (tmp / "eaglebox-padded.json").write_text(json.dumps({
         "shallow": str(shallow), "trained_layers_at": list(placement), "layers": layers,
-        "pass_through": "o_proj and down_proj zero; q/k/v/gate/up random (std %g); norms 1" % std}, indent=1))
+        "pass_through": f"o_proj and down_proj zero; q/k/v/gate/up random (std {std}); norms 1"}, indent=1))
     shutil.rmtree(out, ignore_errors=True)
     tmp.replace(out)
     return out
@@ -232,7 +232,9 @@ def stage_extract(deadline: float) -> bool:
     return rc == 0
 
 
-def stage_train(deadline: float, reserve: float) -> bool:
+def stage_train(deadline: float, reserve: float, export_on_cut: bool) -> bool:
+    """``eaglebox train`` until ``reserve`` seconds before the deadline (it resumes from its last
+    checkpoint in the next call); with ``export_on_cut``, a cut run's last checkpoint is exported."""
     draft = WORK / "train" / "draft"
     if (draft / "config.json").exists():
         return True
@@ -244,8 +246,11 @@ def stage_train(deadline: float, reserve: float) -> bool:
     rc = eaglebox("train", timeout=budget)
     RESULT.setdefault("train_calls", []).append({"rc": rc, "s": round(time.monotonic() - t0, 1)})
     log(f"train: exit {rc} in {time.monotonic() - t0:.0f} s")
+    if rc == 124 and export_on_cut:
+        RESULT["train_cut"] = "cut at the call's time limit: the draft is the last checkpoint's (eaglebox export)"
+        log(f"train: {RESULT['train_cut']}; exit {eaglebox('export', timeout=120)}")
     save()
-    return rc == 0
+    return (draft / "config.json").exists()
 
 
 def stage_random_draft() -> Path:
@@ -370,6 +375,12 @@ def stage_bench(deadline: float, chain: list[str], rounds: int = 3) -> None:
             bench["startup_s"][name] = round(servers[name].wait(450), 1)
         save()
         out = {}
+        t0 = time.monotonic()  # first use compiles SGLang's JIT and Triton kernels: not in the rounds
+        for srv in servers.values():
+            for c in b.concurrency:
+                run_prompts(srv.url, prompts[:c], 16, c)
+        bench["warmup_s"] = round(time.monotonic() - t0, 1)
+        log(f"bench: warm-up requests at every concurrency on all servers in {bench['warmup_s']} s")
 
         def measure(name: str, c: int, rnd: int) -> dict:
             r = run_prompts(servers[name].url, prompts, b.max_new_tokens, c)
@@ -490,7 +501,7 @@ def main() -> None:
         write_data()
         if not stage_extract(a.deadline_s):
             return
-        trained = stage_train(a.deadline_s, 0 if a.stage == "data" else a.bench_reserve_s)
+        trained = stage_train(a.deadline_s, 0 if a.stage == "data" else a.bench_reserve_s, a.stage != "data")
         if trained:
             stage_random_draft()
             for n in ("report.json",):
