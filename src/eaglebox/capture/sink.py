@@ -20,7 +20,8 @@ Runs inside SGLang's scheduler process but imports nothing from SGLang, so it is
 
 One file per sample, ``<dir>/<sample_id>.safetensors``, appears atomically (temp + rename):
 ``input_ids`` [L] int64 (the ids the server actually ran), ``aux`` [L, k*H] and ``last`` [L, H] in
-the model's dtype, and metadata with the rows and a sha256 over the tensor bytes.
+the model's dtype, and metadata with the rows, a sha256 over the tensor bytes and each layer's
+largest |value| (for the client's feature-health check).
 """
 
 from __future__ import annotations
@@ -192,9 +193,17 @@ def write_sample(path: Path, input_ids: list[int], aux: list[torch.Tensor], last
     t0 = time.perf_counter()
     digest = tensor_sha256(tensors)
     t1 = time.perf_counter()
-    meta = {"rows": str(len(input_ids)), "sha256": digest, "header": json.dumps(header, sort_keys=True)}
+    meta = {"rows": str(len(input_ids)), "sha256": digest, "header": json.dumps(header, sort_keys=True),
+            "max_abs": json.dumps(max_abs(aux, aux[0].shape[1] // last[0].shape[1]) + max_abs(last, 1))}
     write_safetensors(path, tensors, meta, fsync=True, file_digest=False)
     return digest, t1 - t0, time.perf_counter() - t1
+
+
+def max_abs(parts: list[torch.Tensor], layers: int) -> list[float]:
+    """The largest |value| of each of ``layers`` equal column blocks over the rows of ``parts``; nan or
+    inf when one is: the client's feature-health check reads it (``extract/client.py``)."""
+    per_part = [p.reshape(p.shape[0], layers, -1).abs().amax(dim=(0, 2)).float() for p in parts if p.shape[0]]
+    return torch.stack(per_part).amax(0).tolist()
 
 
 def _host_rows(t: torch.Tensor) -> torch.Tensor:

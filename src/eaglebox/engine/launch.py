@@ -28,21 +28,26 @@ def attention_backend(cfg: Config) -> str | None:
     """``engine.attention_backend``, or on CPU the backend that computes the target's attention
     correctly: ``torch_native``, or ``triton`` (run by Triton's interpreter, exact in float32) for MLA,
     whose latent KV cache ``torch_native`` reads as plain heads (captured features at cos ~0.1 with
-    HF, and SGLang serves on without a warning). None on CUDA lets SGLang choose."""
+    HF, and SGLang serves on without a warning). Triton in another dtype on CPU is refused for every
+    architecture (a Llama target's features came out at cos 0.04 with HF, values up to 2e9 where the
+    real ones stay under 3). None on CUDA lets SGLang choose."""
     e, m = cfg.engine, cfg.model
-    if e.device != "cpu" or not is_mla(m.path):
-        return e.attention_backend or ("torch_native" if e.device == "cpu" else None)
-    backend = e.attention_backend or "triton"
+    if e.device != "cpu":
+        return e.attention_backend
+    mla = is_mla(m.path)
+    backend = e.attention_backend or ("triton" if mla else "torch_native")
     arch = architecture(m.path)
-    if backend == "torch_native":
+    if mla and backend == "torch_native":
         raise EagleboxError(f"engine.attention_backend: torch_native computes {arch}'s MLA attention wrongly on CPU "
                             "(SGLang 0.5.23 runs plain-head attention over the latent KV cache: captured features "
                             "at cos ~0.1 with the HF forward, and no warning); leave engine.attention_backend unset "
                             "or set it to triton, with model.dtype=float32")
     dtype = target_dtype(m.path, m.dtype)
     if backend == "triton" and dtype != "float32":
-        raise EagleboxError(f"model.dtype: {dtype} with the triton attention backend on CPU ({arch} is MLA): "
-                            "Triton's interpreter is exact in float32 only; set model.dtype=float32")
+        fix = "" if mla else " (or engine.attention_backend=torch_native)"
+        raise EagleboxError(f"model.dtype: {dtype} with the triton attention backend on CPU ({arch}"
+                            f"{' is MLA' if mla else ''}): Triton's interpreter is exact in float32 only (in {dtype} "
+                            f"it computes garbage features without a warning); set model.dtype=float32{fix}")
     return backend
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import threading
@@ -50,6 +51,7 @@ from eaglebox.shards.format import (
     write_index,
 )
 from eaglebox.shards.requests import capture_rid
+from eaglebox.target.weights import load_embedding
 
 STAGING = ".staging"
 
@@ -253,6 +255,7 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
         tmp.unlink()
     manifest = manifest or {"format": FORMAT, "capture": spec, "shards": []}
     manifest["dataset"] = {"path": str(e.dataset), "sha256": file_sha256(Path(e.dataset))}
+    bound = feature_bound(cfg.model.path)
     for name in set_aside_damaged(out, manifest, e.concurrency, log):
         manifest["shards"] = [s for s in manifest["shards"] if s["file"] != name]
         del done[name]
@@ -265,7 +268,7 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
         requested = [f.result() for f in requests]
         bar.update(sum(len(p.input_ids) for p in requested))
         wait_for_files([(staging / f"{p.id}.safetensors", f"sample at line {p.line}") for p in requested])
-        entry = commit_shard(out, index, shard, staging, spec)
+        entry = commit_shard(out, index, shard, staging, spec, bound)
         manifest["shards"].append(entry)
         manifest["shards"].sort(key=lambda s: s["file"])
         manifest["samples"] = sum(len(s["samples"]) for s in manifest["shards"])
@@ -367,9 +370,10 @@ def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120) -> None:
             time.sleep(0.005)
 
 
-def verify_staged(path: Path, p: Planned, spec: dict) -> str:
+def verify_staged(path: Path, p: Planned, spec: dict, bound: float | None = None) -> str:
     """Check one staged sample against what was sent, from its header and token ids (no feature bytes
-    read); returns the tensor sha256 the server computed as it wrote the file."""
+    read), and its features' health from the largest values the server recorded (:func:`check_health`);
+    returns the tensor sha256 the server computed as it wrote the file."""
     with open_safetensors(path, ExtractError) as f:
         meta = f.metadata()
         ids = f.get_tensor("input_ids").tolist()
@@ -389,20 +393,56 @@ def verify_staged(path: Path, p: Planned, spec: dict) -> str:
         raise ExtractError(f"{path}: aux {shapes[0]} / last {shapes[1]} {sorted(dtypes)} do not match the capture "
                            f"spec ({k} x {H}, {spec['dtype']})")
     digest = meta.get("sha256", "")
-    if len(digest) != 64:
-        raise ExtractError(f"{path}: no tensor sha256 in its metadata; it was not written by the capture hook")
+    if len(digest) != 64 or "max_abs" not in meta:
+        raise ExtractError(f"{path}: no tensor sha256 or max_abs in its metadata; it was not written by this "
+                           f"eaglebox's capture hook (remove {path.parent} and run the command again)")
+    check_health(path, json.loads(meta["max_abs"]), spec, bound)
     return digest
 
 
-def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: dict) -> dict:
-    """Verify each sample and rename it into the shard's folder, then write the shard's index."""
+HEALTH_FACTOR = 1e6
+"""Captured features above this multiple of the target's largest embedding value are garbage: a
+trained model's residual stream stays far below it (the tiny target's within 10x; the massive
+activations of 7B models, ~3e3, within ~1e5x), a miscomputing kernel does not (2e9 where the tiny
+target's real values stay under 3)."""
+
+
+def feature_bound(model_path: Path) -> float:
+    """The largest |feature| a capture of this target may hold (:data:`HEALTH_FACTOR`)."""
+    return HEALTH_FACTOR * float(load_embedding(model_path).abs().max())
+
+
+def check_health(path: Path, max_abs: list[float], spec: dict, bound: float | None) -> None:
+    """Refuse a sample whose features a correct forward cannot have produced: a non-finite or all-zero
+    layer, or one beyond ``bound`` (:func:`feature_bound`; None: not checked)."""
+    names = [f"the input of layer {i}" for i in spec["captured_layer_inputs"]] + ["the last hidden state"]
+    opts = spec.get("engine_options") or {}
+    cause = (f"likely cause: the engine computes this target wrongly with attention backend "
+             f"{opts.get('attention_backend') or 'SGLang default'} in {opts.get('dtype')}"
+             f"{', kv cache ' + opts['kv_cache_dtype'] if opts.get('kv_cache_dtype') else ''}"
+             f"{', quantization ' + opts['quantization'] if opts.get('quantization') else ''}; compare a few "
+             "samples with `eaglebox parity`, try another engine.attention_backend or model.dtype=float32")
+    for name, v in zip(names, max_abs):
+        if not math.isfinite(v):
+            raise ExtractError(f"{path}: captured features of {name} are not finite ({v}); {cause}")
+        if v == 0:
+            raise ExtractError(f"{path}: captured features of {name} are all zero; {cause}")
+        if bound is not None and v > bound:
+            raise ExtractError(f"{path}: captured features of {name} reach {v:.3g}, beyond {bound:.3g} "
+                               f"({HEALTH_FACTOR:.0e} x the target's largest embedding value); {cause}")
+
+
+def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: dict,
+                 bound: float | None = None) -> dict:
+    """Verify each sample (``bound``: :func:`check_health`'s) and rename it into the shard's folder,
+    then write the shard's index."""
     folder = out / shard_dir(index)
     folder.mkdir(exist_ok=True)
     entries, offset = [], 0
     for p in shard:
         final = folder / f"{p.id}.safetensors"
         src = final if final.exists() else staging / f"{p.id}.safetensors"  # moved by an interrupted run
-        digest = verify_staged(src, p, spec)
+        digest = verify_staged(src, p, spec, bound)
         if src != final:
             os.replace(src, final)
         entries.append({"id": p.id, "line": p.line, "file": f"{folder.name}/{final.name}", "offset": offset,

@@ -27,22 +27,28 @@ def _weight_files(model_path: Path) -> dict[str, Path]:
     return out
 
 
+def _find(files: dict[str, Path], suffix: str) -> str | None:
+    hits = sorted(k for k in files if k.endswith(suffix) and "mtp" not in k)
+    return hits[0] if hits else None
+
+
+def _load(files: dict[str, Path], key: str) -> torch.Tensor:
+    with safe_open(str(files[key]), "pt") as st:
+        return st.get_tensor(key)
+
+
+def load_embedding(model_path: Path, files: dict[str, Path] | None = None) -> torch.Tensor:
+    """The target's ``embed_tokens.weight``."""
+    files = files or _weight_files(Path(model_path))
+    key = _find(files, "embed_tokens.weight")
+    if key is None:
+        raise EagleboxError(f"{model_path}: no embed_tokens.weight in the checkpoint")
+    return _load(files, key)
+
+
 def load_embed_and_head(model_path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """(embed_tokens.weight, lm_head.weight) of the target; a tied head is the embedding."""
-    model_path = Path(model_path)
-    files = _weight_files(model_path)
-
-    def find(suffix: str) -> str | None:
-        hits = sorted(k for k in files if k.endswith(suffix) and "mtp" not in k)
-        return hits[0] if hits else None
-
-    embed_key = find("embed_tokens.weight")
-    head_key = find("lm_head.weight") or embed_key
-    if embed_key is None:
-        raise EagleboxError(f"{model_path}: no embed_tokens.weight in the checkpoint")
-
-    def load(key):
-        with safe_open(str(files[key]), "pt") as st:
-            return st.get_tensor(key)
-
-    return load(embed_key), load(head_key)
+    files = _weight_files(Path(model_path))
+    embed = load_embedding(model_path, files)
+    head_key = _find(files, "lm_head.weight")
+    return embed, _load(files, head_key) if head_key else embed
