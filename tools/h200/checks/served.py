@@ -48,7 +48,7 @@ WORK = Path("/tmp/h200-served")
 CONFIG = ROOT / "configs" / "h200-served.yaml"
 PLACEMENT = (0, 8, 16, 24)
 LAYERS = 32
-PORTS = {"target": 31602, "trained": 31601, "random": 31603}
+PORTS = {"target": 31700, "trained": 31800, "random": 31900}  # apart: SGLang takes ports above its own
 START = time.monotonic()
 RESULT: dict = {}
 
