@@ -9,7 +9,7 @@ BIN    := $(VENV)/bin
 EB     := $(BIN)/eaglebox
 STAMP  := $(VENV)/.eaglebox-installed
 UV_VERSION := 0.13.9
-UV     = $(BIN)/uv pip install -q --python $(BIN)/python
+UV     = $(BIN)/uv pip install -q --compile-bytecode --python $(BIN)/python
 TINY   := .cache/tiny/target/eaglebox-tiny.json
 WHEELS := .cache/wheels/.complete
 DOCKER ?= /usr/bin/docker
@@ -22,7 +22,10 @@ venv: $(STAMP)
 # SGLang's run-time list without its CUDA-only packages, then SGLang itself with --no-deps, then
 # eaglebox (editable) and its activation in this venv: capture hook + the CPU sgl_kernel stand-in.
 # Installed by uv (parallel downloads: pip took 4.8x as long, median of 3 rounds, on a 2-core machine:
-# benchmarks/results/venv-install-cpu.txt); pip stays in the venv for `make wheels`.
+# benchmarks/results/venv-install-cpu.txt); pip stays in the venv for `make wheels`. --compile-bytecode:
+# uv writes no .pyc, and where PYTHONDONTWRITEBYTECODE is set (CI) nothing else does either, so every
+# process that imports SGLang compiled torch, transformers and SGLang from source again (import of the
+# scheduler 64 s -> 23 s here: benchmarks/results/test-time-cpu.txt).
 $(STAMP): requirements/sglang-0.5.23-runtime.txt requirements/dev.txt requirements/specforge.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv==$(UV_VERSION)
@@ -53,8 +56,12 @@ demo: venv tiny
 check: venv tiny
 	$(EB) check --config $(CONFIG) $(ARGS)
 
-test: venv tiny wheels docker-engine
-	$(BIN)/python -m pytest -v $(ARGS)
+# Each set-up phase timed, then the suite with its slowest 40 phases (set-up, call, teardown); the CPU
+# image's build shows as the set-up of the first docker test.
+test:
+	@for phase in venv tiny wheels docker-engine; do start=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
+	  echo "make test: set-up phase $$phase took $$(( $$(date +%s) - start )) s"; done
+	$(BIN)/python -m pytest -v --durations=40 --durations-min=1 $(ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -v -m "not sglang and not docker and not closure" $(ARGS)
