@@ -8,7 +8,7 @@ fc, rotary embedding, MLA absorbed projections, MLP and residual wiring all run 
 Only the paged ``RadixAttention`` is replaced, by exact attention over an explicit per-position KV
 cache (for MLA: the latent and RoPE key, SGLang's ``attn_mqa`` inputs, with the absorbed forward
 SGLang's non-fused backends run): the server's KV pool and attention backends are what SGLang
-itself tests, and on CPU its speculative path is not usable (see the bench README notes).
+itself tests, and on CPU its speculative path needs Triton's interpreter and a patch (docs/cpu-support.md).
 """
 
 from __future__ import annotations

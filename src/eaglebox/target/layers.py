@@ -133,4 +133,4 @@ def sglang_layer_ids(cfg) -> list[int]:
     except ValueError as err:
         raise EagleboxError(
             f"capture.layer_ids: {said} means the inputs of layers {inputs} of {arch}: {err}; name other layers "
-            "in capture.layer_ids (see README, 'How to pick layer ids')") from None
+            "in capture.layer_ids (see docs/conventions.md, 'How to pick layer ids')") from None
