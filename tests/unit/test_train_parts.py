@@ -7,6 +7,7 @@ import torch
 from eaglebox.draft.spec import DraftSpec
 from eaglebox.errors import EagleboxError
 from eaglebox.shards.spec import NOT_INSTALLED
+from eaglebox.target.fingerprint import ALGORITHM
 from eaglebox.train.data import batch_indices
 from eaglebox.train.loop import check_header
 from eaglebox.train.loss import DraftHeadLoss, head_chunk
@@ -124,11 +125,12 @@ def test_training_where_sglang_is_absent_is_refused_naming_the_captured_version(
     """Without SGLang installed there is no serving engine to check the shards against."""
     header = {"engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_ids": [0, 1, 2],
               "captured_layer_inputs": [1, 2, 3], "hidden_size": 128, "dtype": "bfloat16",
-              "target": {"config_sha256": "ab", "weights_sha256": "cd"}, "engine_options": {"tp": 1}}
+              "target": {"config_sha256": "ab", "weights_digest": "cd", "weights_algorithm": ALGORITHM},
+              "engine_options": {"tp": 1}}
     check_header(header, header, tmp_path)
     with pytest.raises(EagleboxError, match=r"captured with SGLang 0\.5\.23, and SGLang is not installed here"):
         check_header(header, {**header, "engine_version": NOT_INSTALLED}, tmp_path)
-    other = {**header, "target": {"config_sha256": "ab", "weights_sha256": "ef"}}
-    with pytest.raises(EagleboxError, match=r"shards have target=\{'weights_sha256': 'cd'\}, the config implies "
-                                            r"\{'weights_sha256': 'ef'\}"):
+    other = {**header, "target": {**header["target"], "weights_digest": "ef"}}
+    with pytest.raises(EagleboxError, match=r"shards have target=\{'weights_digest': 'cd'\}, the config implies "
+                                            r"\{'weights_digest': 'ef'\}"):
         check_header(header, other, tmp_path)

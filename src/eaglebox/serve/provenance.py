@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from eaglebox.draft.sglang import check_export
 from eaglebox.errors import EagleboxError
-from eaglebox.target.fingerprint import WHAT
+from eaglebox.target.fingerprint import WHAT, stale
 
 SAME = ("engine", "engine_version", "architecture", "layer_ids", "captured_layer_inputs")
 """What a draft's ``eaglebox`` block must share with the capture spec of the serving launch, besides
@@ -16,8 +16,11 @@ def differences(draft: dict, spec: dict, allowed: list[str]) -> list[str]:
     options in ``allowed`` (``serve.allow_engine_differences``) may differ."""
     out = [f"{k}: draft {draft.get(k)!r} vs serving {spec[k]!r}" for k in SAME if draft.get(k) != spec[k]]
     target = draft.get("target") or {}
-    out += [f"target {WHAT[k]}: draft {str(target.get(k))[:12]} vs serving {v[:12]} ({k})"
-            for k, v in spec["target"].items() if target.get(k) != v]
+    if (why := stale(target)) is not None:
+        out.append(f"target fingerprint: the draft's was {why}")
+    else:
+        out += [f"target {WHAT[k]}: draft {str(target.get(k))[:12]} vs serving {v[:12]} ({k})"
+                for k, v in spec["target"].items() if target.get(k) != v]
     options = draft.get("engine_options") or {}
     out += [f"engine option {k}: draft {options.get(k)!r} vs serving {v!r}"
             for k, v in spec["engine_options"].items() if k not in allowed and options.get(k) != v]

@@ -1,29 +1,37 @@
 """The target's identity, as the capture spec records it: its config, its weights, its tokenizer.
 
 Serving compares it with the draft's (``serve/provenance.py``): a draft trained on one target's
-features is refused on another, also when the two share a byte-identical ``config.json``. Hashing a
-1T-parameter checkpoint would take minutes each command, so each safetensors file is named by its
-size, the sha256 of its header (names, dtypes, shapes, offsets) and the sha256 of
-:data:`SAMPLED_BLOCKS` blocks spread over its data: retrained or other weights of the same shapes
-differ there; files smaller than the blocks are hashed whole.
+features is refused on another, also when the two share a byte-identical ``config.json`` and differ
+in one RMSNorm weight. Every byte of the weights is hashed, fast enough for a 600 GB target: each
+file in :data:`CHUNK_BYTES` chunks, hashed by a thread pool (sha256 releases the GIL, and so does the
+read), and named by the sha256 of its size and its chunks' digests (:data:`ALGORITHM`, recorded). A
+file's digest is cached by its path, size and mtime, so a later command does not rehash it; a file
+modified within :data:`RACY_S` of hashing is not cached (the clock may not have ticked between two
+writes).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eaglebox.errors import EagleboxError
 
-SAMPLED_BLOCKS, BLOCK_BYTES = 32, 64 << 10
+CHUNK_BYTES = 16 << 20
+ALGORITHM = f"sha256-tree-{CHUNK_BYTES >> 20}MiB"
+"""How ``weights_digest`` is computed; a fingerprint made otherwise is not comparable (:func:`stale`)."""
+RACY_S = 2.0
 INDEX = "model.safetensors.index.json"
 TOKENIZER_FILES = ("tokenizer*", "tokenization_*.py", "special_tokens_map.json", "added_tokens.json", "vocab.*",
                    "merges.txt", "*.tiktoken", "tiktoken.model", "chat_template*")
 """What transformers (and custom tokenizer code such as Kimi's) reads to tokenize."""
 
-WHAT = {"config_sha256": "config.json", "weights_sha256": "weights (safetensors names, sizes, headers, sampled bytes)",
-        "tokenizer_sha256": "tokenizer files"}
+WHAT = {"config_sha256": "config.json", "weights_digest": "weights (every byte of the safetensors files and index)",
+        "weights_algorithm": "weights' hash algorithm", "tokenizer_sha256": "tokenizer files"}
 """What each item of :func:`target_fingerprint` covers, for messages."""
 
 
@@ -31,26 +39,72 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _safetensors_entry(path: Path) -> dict:
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        if n > size - 8:
-            raise EagleboxError(f"{path}: not a safetensors file (header length {n} beyond its {size} bytes)")
-        header = f.read(n)
-        start, data = 8 + n, size - 8 - n
-        sampled = hashlib.sha256()
-        if data <= SAMPLED_BLOCKS * BLOCK_BYTES:
-            sampled.update(f.read())
+def stale(target: dict) -> str | None:
+    """Why a recorded fingerprint ``target`` cannot be compared with this eaglebox's (None if it can)."""
+    if target.get("weights_algorithm") == ALGORITHM:
+        return None
+    made = target.get("weights_algorithm") or "32 sampled 64 KiB blocks a file (weights_sha256)"
+    return f"made by an older eaglebox ({made}); this eaglebox hashes every byte ({ALGORITHM}): they cannot be compared"
+
+
+def cache_path() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eaglebox" / "weights-digests.json"
+
+
+def _chunk_digest(fd: int, offset: int) -> bytes:
+    return hashlib.sha256(os.pread(fd, CHUNK_BYTES, offset)).digest()
+
+
+def file_digests(paths: list[Path], threads: int | None = None) -> dict[Path, str]:
+    """Each file's digest (:data:`ALGORITHM`), from the cache when its size and mtime are the cached
+    ones; the others' chunks all go to one pool, so many small files hash as fast as one large one."""
+    cache_file = cache_path()
+    try:
+        cache = json.loads(cache_file.read_text())
+    except (OSError, json.JSONDecodeError):
+        cache = {}
+    stats = {p: p.stat() for p in paths}
+    out, todo = {}, []
+    for p in paths:
+        hit = cache.get(str(p.resolve())) or {}
+        same = {"size": stats[p].st_size, "mtime_ns": stats[p].st_mtime_ns, "algorithm": ALGORITHM}
+        if all(hit.get(k) == v for k, v in same.items()):
+            out[p] = hit["digest"]
         else:
-            for k in range(SAMPLED_BLOCKS):
-                f.seek(start + k * (data - BLOCK_BYTES) // (SAMPLED_BLOCKS - 1))
-                sampled.update(f.read(BLOCK_BYTES))
-    return {"file": path.name, "bytes": size, "header_sha256": _sha256(header), "sampled_sha256": sampled.hexdigest()}
+            todo.append(p)
+    if not todo:
+        return out
+    fds = {p: os.open(p, os.O_RDONLY) for p in todo}
+    try:
+        with ThreadPoolExecutor(threads or os.cpu_count()) as pool:
+            chunks = {p: [pool.submit(_chunk_digest, fds[p], off) for off in range(0, stats[p].st_size, CHUNK_BYTES)]
+                      for p in todo}
+            for p in todo:
+                h = hashlib.sha256(f"{ALGORITHM}:{stats[p].st_size}:".encode())
+                for c in chunks[p]:
+                    h.update(c.result())
+                out[p] = h.hexdigest()
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+    now = time.time_ns()
+    for p in todo:
+        if os.stat(p).st_mtime_ns == stats[p].st_mtime_ns and now - stats[p].st_mtime_ns > RACY_S * 1e9:
+            cache[str(p.resolve())] = {"size": stats[p].st_size, "mtime_ns": stats[p].st_mtime_ns,
+                                       "algorithm": ALGORITHM, "digest": out[p]}
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(cache, sort_keys=True))
+        os.replace(tmp, cache_file)
+    except OSError:  # a read-only home: the next command hashes again
+        pass
+    return out
 
 
-def weights_sha256(model_path: Path) -> str:
-    """The weight files named by the safetensors index (its bytes included), or every ``*.safetensors``."""
+def weights_digest(model_path: Path) -> str:
+    """Every byte of the weight files named by the safetensors index (its bytes included), or of every
+    ``*.safetensors``."""
     index = model_path / INDEX
     if index.exists():
         names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -60,7 +114,8 @@ def weights_sha256(model_path: Path) -> str:
         files, index_sha = [model_path / n for n in names], _sha256(index.read_bytes())
     else:
         files, index_sha = sorted(model_path.glob("*.safetensors")), None
-    entries = [_safetensors_entry(f) for f in files]
+    digests = file_digests(files)
+    entries = [[f.name, f.stat().st_size, digests[f]] for f in files]
     return _sha256(json.dumps({"index_sha256": index_sha, "files": entries}, sort_keys=True).encode())
 
 
@@ -70,7 +125,9 @@ def tokenizer_sha256(model_path: Path) -> str:
 
 
 def target_fingerprint(model_path: Path) -> dict:
-    """One sha256 per item of :data:`WHAT`, computed once a command (through the capture spec)."""
+    """One digest per item of :data:`WHAT` (and the weights' algorithm), computed once a command
+    (through the capture spec)."""
     model_path = Path(model_path)
     return {"config_sha256": _sha256((model_path / "config.json").read_bytes()),
-            "weights_sha256": weights_sha256(model_path), "tokenizer_sha256": tokenizer_sha256(model_path)}
+            "weights_digest": weights_digest(model_path), "weights_algorithm": ALGORITHM,
+            "tokenizer_sha256": tokenizer_sha256(model_path)}

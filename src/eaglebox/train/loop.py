@@ -24,6 +24,7 @@ from eaglebox.draft.spec import draft_spec
 from eaglebox.errors import EagleboxError
 from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.shards.spec import NOT_INSTALLED
+from eaglebox.target.fingerprint import stale
 from eaglebox.target.weights import load_embed_and_head
 from eaglebox.train import checkpoint, heldout
 from eaglebox.train.data import batch_indices, collate, prefetch, steps_per_epoch
@@ -40,6 +41,9 @@ def check_header(header: dict, expected: dict, where: Path) -> None:
         raise EagleboxError(f"{where}: shards were captured with SGLang {header.get('engine_version')}, and SGLang is "
                             "not installed here, so they cannot be checked against the engine that will serve the "
                             "draft; train where that SGLang is installed (the eaglebox image)")
+    if (why := stale(header.get("target") or {})) is not None:
+        raise EagleboxError(f"{where}: the shards' target fingerprint was {why}; extract them again (into another "
+                            "extract.output_dir) and train on those")
     for key in ("engine", "engine_version", "architecture", "layer_ids", "captured_layer_inputs", "hidden_size",
                 "dtype", "target", "engine_options"):
         have, want = header.get(key), expected.get(key)

@@ -1,0 +1,86 @@
+"""The target's weight fingerprint sees every byte: a one-byte change anywhere in a safetensors file (its
+header, a chunk boundary, the middle, the last byte) changes it, where the old fingerprint read 32
+sampled 64 KiB blocks a file. A file's digest is cached by path, size and mtime; a draft or shards
+fingerprinted the old way get one clear message, not a crash."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from eaglebox.errors import EagleboxError
+from eaglebox.target.fingerprint import ALGORITHM, CHUNK_BYTES, cache_path, file_digests, target_fingerprint
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+
+
+def model(d, numel: int):
+    d.mkdir()
+    (d / "config.json").write_text("{}")
+    save_file({"model.layers.0.input_layernorm.weight": torch.ones(numel, dtype=torch.bfloat16)},
+              d / "model.safetensors")
+    return d
+
+
+def flip(path, at: int) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 1]))
+
+
+def test_a_one_byte_change_anywhere_in_a_file_is_caught(tmp_path):
+    d = model(tmp_path / "m", (5 * CHUNK_BYTES // 2) // 2)  # 2.5 chunks of bf16 ones
+    f = d / "model.safetensors"
+    size = f.stat().st_size
+    first = target_fingerprint(d)
+    assert first["weights_algorithm"] == ALGORITHM
+    for at in (8, CHUNK_BYTES - 1, CHUNK_BYTES, 3 * CHUNK_BYTES // 2 + 12345, 2 * CHUNK_BYTES + 1, size - 1):
+        flip(f, at)
+        assert target_fingerprint(d)["weights_digest"] != first["weights_digest"], at
+        flip(f, at)
+        assert target_fingerprint(d) == first, at
+
+
+def test_digests_are_cached_by_path_size_and_mtime_and_recent_files_are_not(tmp_path):
+    d = model(tmp_path / "m", 1000)
+    f = d / "model.safetensors"
+    fresh = file_digests([f])[f]
+    assert not cache_path().exists() or str(f.resolve()) not in json.loads(cache_path().read_text())  # racy: not cached
+    old = time.time_ns() - 3600 * 10**9
+    os.utime(f, ns=(old, old))
+    assert file_digests([f])[f] == fresh
+    entry = json.loads(cache_path().read_text())[str(f.resolve())]
+    assert entry == {"size": f.stat().st_size, "mtime_ns": old, "algorithm": ALGORITHM, "digest": fresh}
+    flip(f, f.stat().st_size - 1)
+    os.utime(f, ns=(old, old))  # the same size and mtime: the cached digest is used, no byte is read
+    assert file_digests([f])[f] == fresh
+    os.utime(f, ns=(old + 1, old + 1))  # any later write moves the mtime
+    assert file_digests([f])[f] != fresh
+
+
+def test_an_old_fingerprint_in_a_draft_or_shards_gets_one_clear_message(tmp_path):
+    from eaglebox.serve.provenance import differences
+    from eaglebox.train.loop import check_header
+
+    d = model(tmp_path / "m", 1000)
+    spec = {"engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_ids": [0, 1, 2],
+            "captured_layer_inputs": [1, 2, 3], "target": target_fingerprint(d), "engine_options": {"tp": 1}}
+    old = {**spec, "target": {"config_sha256": spec["target"]["config_sha256"], "weights_sha256": "ab" * 32,
+                              "tokenizer_sha256": spec["target"]["tokenizer_sha256"]}}
+    assert differences(old, spec, []) == [
+        "target fingerprint: the draft's was made by an older eaglebox (32 sampled 64 KiB blocks a file "
+        f"(weights_sha256)); this eaglebox hashes every byte ({ALGORITHM}): they cannot be compared"]
+    with pytest.raises(EagleboxError, match=r"the shards' target fingerprint was made by an older eaglebox .*; extract "
+                                            r"them again"):
+        check_header(old, spec, tmp_path)
+    assert differences(spec, spec, []) == []
