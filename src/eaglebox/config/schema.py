@@ -75,6 +75,8 @@ class EngineConfig(Section):
     max_total_tokens: int | None = Field(None, ge=1)
     chunked_prefill_size: int | None = None
     extra_args: list[str] = []
+    """More SGLang flags, after eaglebox's own. Read by SGLang's parser: each option they change is
+    recorded in the capture spec (``engine_options.extra_args``), compared at serving like the keyed ones."""
     env: dict[str, str] = {}
     startup_timeout_s: float = Field(900, gt=0)
 
@@ -215,7 +217,7 @@ class TrainConfig(Section):
 
 
 EngineOption = Literal["quantization", "dtype", "attention_backend", "moe_runner_backend", "kv_cache_dtype",
-                       "tp", "dp", "ep"]
+                       "tp", "dp", "ep", "extra_args"]
 
 
 class ServeConfig(Section):

@@ -13,11 +13,15 @@ attention kind (the CPU backend) and dtype.
 
 from __future__ import annotations
 
+import argparse
+import functools
 import json
 from pathlib import Path
 from typing import Literal
 
+from eaglebox import SGLANG_VERSION
 from eaglebox.config import Config
+from eaglebox.config.schema import KEYED_FLAGS
 from eaglebox.errors import EagleboxError
 from eaglebox.target.config import architecture, is_mla, target_dtype
 
@@ -51,12 +55,69 @@ def attention_backend(cfg: Config) -> str | None:
     return backend
 
 
+class _SGLangArgs(argparse.ArgumentParser):
+    """SGLang's own server argument parser, whose errors are eaglebox's one-line errors."""
+
+    def error(self, message: str):
+        raise EagleboxError(f"engine.extra_args: SGLang {SGLANG_VERSION} refuses them: {message}")
+
+
+@functools.cache
+def _sglang_parser() -> tuple[_SGLangArgs, dict]:
+    """SGLang's parser (``ServerArgs.add_cli_args``, as ``launch_server`` builds it) and its defaults."""
+    try:
+        from sglang.srt.server_args import ServerArgs
+    except ImportError as err:
+        raise EagleboxError(f"engine.extra_args: SGLang is not installed here to read them ({err}); run where "
+                            f"SGLang {SGLANG_VERSION} is (the eaglebox image)") from None
+    parser = _SGLangArgs(prog="sglang")
+    ServerArgs.add_cli_args(parser)
+    return parser, vars(parser.parse_args(["--model-path", "-"]))
+
+
+OWN_OPTIONS = {"enable_return_aux_hidden_states": "capture.layer_ids",
+               "return_aux_hidden_state_layer_ids": "capture.layer_ids", "host": "engine.host", "port": "engine.port",
+               "max_total_tokens": "engine.max_total_tokens", "mem_fraction_static": "engine.mem_fraction_static",
+               "chunked_prefill_size": "engine.chunked_prefill_size"}
+"""SGLang options (by name) that eaglebox sets from its own keys, besides :data:`KEYED_FLAGS`' and the
+``speculative_*`` ones (``serve.*``, per mode)."""
+
+
+@functools.cache
+def _extra_options(extra_args: tuple[str, ...]) -> dict:
+    parser, defaults = _sglang_parser()
+    given = vars(parser.parse_args(["--model-path", "-", *extra_args]))
+    keyed = {parser._option_string_actions[flag].dest: key for flag, key in KEYED_FLAGS.items()
+             if flag in parser._option_string_actions}
+    out = {}
+    for dest, value in given.items():
+        if value == defaults[dest]:
+            continue
+        owner = keyed.get(dest) or OWN_OPTIONS.get(dest) or ("serve.*" if dest.startswith("speculative_") else None)
+        if dest == "model_path" or owner:
+            raise EagleboxError(f"engine.extra_args: {' '.join(extra_args)} sets SGLang's {dest}, which eaglebox "
+                                f"sets from {owner or 'model.path'}; set that key instead")
+        out[dest] = value
+    return json.loads(json.dumps(out, default=str, sort_keys=True))
+
+
+def extra_options(cfg: Config) -> dict:
+    """What ``engine.extra_args`` set, read by SGLang's own parser as ``launch_server`` reads them
+    (abbreviations included): every option given a value other than its default, by SGLang's name.
+    All are recorded (a prefill or decode attention backend, a MoE or quantisation flag, a parallelism
+    size: any may change the hidden states); options eaglebox sets from its own keys, and anything
+    SGLang does not parse, are refused."""
+    return _extra_options(tuple(cfg.engine.extra_args)) if cfg.engine.extra_args else {}
+
+
 def hidden_state_options(cfg: Config) -> dict:
-    """The launch options that change the target's hidden states, as the capture spec records them."""
+    """The launch options that change the target's hidden states, as the capture spec records them;
+    ``extra_args`` only when ``engine.extra_args`` set any (:func:`extra_options`)."""
     e, m = cfg.engine, cfg.model
+    extra = extra_options(cfg)
     return {"quantization": m.quantization, "dtype": target_dtype(m.path, m.dtype),
             "attention_backend": attention_backend(cfg), "moe_runner_backend": e.moe_runner_backend,
-            "kv_cache_dtype": e.kv_cache_dtype, "tp": m.tp, "dp": m.dp, "ep": m.ep}
+            "kv_cache_dtype": e.kv_cache_dtype, "tp": m.tp, "dp": m.dp, "ep": m.ep} | ({"extra_args": extra} if extra else {})
 
 
 def base_args(cfg: Config) -> list[str]:
@@ -143,4 +204,6 @@ def server_for(cfg: Config, mode: Mode, log_path: Path, capture_dir: Path | None
     from eaglebox.engine.server import SGLangServer
 
     return SGLangServer(launch_args(cfg, mode, layer_ids), env=launch_env(cfg, mode, capture_dir),
-                        log_path=log_path, host=cfg.engine.host, port=cfg.engine.port, startup_timeout_s=cfg.engine.startup_timeout_s)
+                        log_path=log_path, host=cfg.engine.host, port=cfg.engine.port,
+                        startup_timeout_s=cfg.engine.startup_timeout_s,
+                        writes_to=[capture_dir] if capture_dir is not None else [])

@@ -21,9 +21,10 @@ def differences(draft: dict, spec: dict, allowed: list[str]) -> list[str]:
     else:
         out += [f"target {WHAT[k]}: draft {str(target.get(k))[:12]} vs serving {v[:12]} ({k})"
                 for k, v in spec["target"].items() if target.get(k) != v]
-    options = draft.get("engine_options") or {}
-    out += [f"engine option {k}: draft {options.get(k)!r} vs serving {v!r}"
-            for k, v in spec["engine_options"].items() if k not in allowed and options.get(k) != v]
+    options, serving = draft.get("engine_options") or {}, spec["engine_options"]
+    out += [f"engine option {k}: draft {options.get(k)!r} vs serving {serving.get(k)!r}"
+            for k in [*serving, *sorted(options.keys() - serving.keys())]
+            if k not in allowed and options.get(k) != serving.get(k)]
     return out
 
 
