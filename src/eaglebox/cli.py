@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ STAGES = {
     "check": "the consistency gate: extract -> train -> export -> acceptance",
 }
 
+
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+"""Errors of the disk or the folder a stage writes to: one line with their cause, never a traceback."""
 
 TINY_ARCHS = {"llama": Path(".cache/tiny"), "deepseek_v3": Path(".cache/tiny-mla")}
 """``eaglebox tiny --arch``: the tiny targets and their default directories."""
@@ -126,6 +130,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (EagleboxError, FileNotFoundError) as err:
         print(f"eaglebox {args.verb}: {err}", file=sys.stderr)
+        return 1
+    except OSError as err:
+        if err.errno not in STORAGE_ERRNOS:
+            raise
+        print(f"eaglebox {args.verb}: {err} (what was committed before it is kept: free the space or fix the "
+              "folder, then run the same command again to resume)", file=sys.stderr)
         return 1
 
 

@@ -6,6 +6,7 @@ in-process tests; the resume test runs ``eaglebox extract`` as users do, and kil
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,5 +247,37 @@ def test_regenerate_run_on_a_too_small_disk_is_refused_before_the_server_starts(
         assert p.returncode == 1 and "Traceback" not in out, out[-3000:]
         assert f"not enough disk at {small}" in out
         assert "starting SGLang" not in out and list(small.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(small)])
+
+
+def test_a_disk_that_fills_during_capture_is_named_in_one_line(tiny_target, tmp_path):
+    """The disk estimate passed, then something else took the space: the run stops with one line naming
+    the cause (not "the server has exited"), and the shards it committed before read back verified."""
+    from conftest import free_port
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        p = run_cli(small / "out", free_port())
+        lines = []
+        for line in p.stdout:  # once the server is up, another writer fills the disk
+            lines.append(line)
+            if "server healthy" in line:
+                subprocess.run(["dd", "if=/dev/zero", f"of={small / 'filler'}", "bs=1M"], capture_output=True)
+                break
+        out = "".join(lines) + p.communicate(timeout=600)[0]
+        assert p.returncode == 1 and "Traceback" not in out, out[-3000:]
+        errors = re.findall(r"eaglebox extract: [^\r\n]*", out)  # after the progress bar's \r
+        assert len(errors) == 1 and "No space left on device" in errors[0], out[-3000:]
+        manifest = small / "out" / "manifest.json"
+        if manifest.exists():  # what was committed is whole
+            committed = json.loads(manifest.read_text())
+            reader = ShardReader(small / "out", verify=True)
+            assert len(reader) == sum(len(s["samples"]) for s in committed["shards"])
+            for i in range(len(reader)):
+                reader.get(i)
     finally:
         subprocess.run(["umount", str(small)])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,12 +32,13 @@ class SGLangServer:
     """
 
     def __init__(self, args: list[str], *, env: dict[str, str], log_path: Path, host: str, port: int,
-                 startup_timeout_s: float = 900):
+                 startup_timeout_s: float = 900, writes_to: list[Path] = ()):
         self.args = args
         self.env = env
         self.log_path = Path(log_path)
         self.url = f"http://{host}:{port}"
         self.startup_timeout_s = startup_timeout_s
+        self.writes_to = [Path(p) for p in writes_to]
         self.proc: subprocess.Popen | None = None
         self.startup_s: float | None = None
 
@@ -90,8 +93,12 @@ class SGLangServer:
     def __enter__(self) -> SGLangServer:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, exc, tb) -> None:
+        died = self.proc is not None and self.proc.poll() is not None
         self.stop()
+        if died and isinstance(exc, EagleboxError):  # "the server has exited": say why, from its log
+            raise ServerError(f"{exc}: {exit_cause(self.log_path, [self.log_path.parent, *self.writes_to])} "
+                              f"(log: {self.log_path})") from exc
 
 
 def _die_with_parent() -> None:
@@ -105,6 +112,36 @@ def _healthy(url: str) -> bool:
         return requests.get(url + "/health", timeout=2).status_code == 200
     except requests.RequestException:
         return False
+
+
+EXIT_CAUSES = ("No space left on device", "Disk quota exceeded", "Read-only file system", "Permission denied",
+               "eaglebox capture writer failed", "out of memory")
+"""What stops a server mid-run, most telling first: a full disk reaches the capture writers as
+``OSError: [Errno 28] No space left on device`` deep in a scheduler traceback."""
+
+
+FULL_BYTES = 1 << 20
+"""A folder with less free space than this is full: a sample file or a log line does not fit."""
+
+
+def exit_cause(path: Path, folders: list[Path] = (), n: int = 400) -> str:
+    """Why a server stopped: a full disk under one of the ``folders`` it writes to (its log may be
+    there, unable to say so), else the last line of its log naming one of :data:`EXIT_CAUSES` (in that
+    order of preference), else the last exception line."""
+    for folder in folders:
+        try:
+            free = shutil.disk_usage(folder).free
+        except OSError:
+            continue
+        if free < FULL_BYTES:
+            return f"No space left on device: {free:,} bytes free at {folder}"
+    lines = tail(path, n).splitlines()
+    for cause in EXIT_CAUSES:
+        hits = [line.strip() for line in lines if cause in line]
+        if hits:
+            return hits[-1][:300]
+    errors = [line.strip() for line in lines if re.match(r"\s*[\w.]+(Error|Exception)\b", line)]
+    return errors[-1][:300] if errors else "no cause in its log"
 
 
 def tail(path: Path, n: int = 30) -> str:
