@@ -58,9 +58,9 @@ def test_override_sets_nested_value_and_is_typed(tmp_path):
 
 def test_bad_override_is_reported_as_override(tmp_path):
     p = write(tmp_path, MINIMAL)
-    with pytest.raises(ConfigError, match=r"override: train.lr: Input should be greater than 0"):
+    with pytest.raises(ConfigError, match=r"override 'train.lr=-1': train.lr: Input should be greater than 0"):
         load_config(p, ["train.lr=-1"])
-    with pytest.raises(ConfigError, match=r"override: train.nope: unknown key"):
+    with pytest.raises(ConfigError, match=r"override 'train.nope=1': train.nope: unknown key"):
         load_config(p, ["train.nope=1"])
     with pytest.raises(ConfigError, match="expected dotted.key=value"):
         load_config(p, ["train.lr"])

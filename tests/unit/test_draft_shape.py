@@ -128,5 +128,5 @@ def test_a_target_rope_block_read_differently_is_refused_naming_file_and_key(tmp
 def test_a_draft_rope_block_with_keys_nobody_reads_is_a_config_error(tmp_path):
     from eaglebox.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"override: train.draft.rope_scaling: Value error, unknown keys \['factr'\]"):
+    with pytest.raises(ConfigError, match=r"override 'train.draft.rope_scaling=.*': train.draft.rope_scaling: Value error, unknown keys \['factr'\]"):
         draft_cfg(tmp_path, 'train.draft.rope_scaling={"rope_type": "yarn", "factr": 2.0}')

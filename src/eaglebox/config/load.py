@@ -70,26 +70,29 @@ def load_config(path: str | Path, overrides: list[str] = ()) -> Config:
         raise ConfigError(f"{path}: not valid YAML: {err}") from err
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    overridden: set[tuple[str, ...]] = set()
+    overridden: dict[tuple[str, ...], str] = {}
     for text_override in overrides:
         keys, value = parse_override(text_override)
         try:
             apply_override(data, keys, value)
         except ConfigError as err:
             raise ConfigError(f"{path}: {err}") from err
-        overridden.add(tuple(keys))
+        overridden[tuple(keys)] = text_override
     try:
         return Config.model_validate(data)
     except ValidationError as err:
         raise ConfigError(_describe(path, err, lines, overridden)) from None
 
 
-def _describe(path: Path, err: ValidationError, lines: dict, overridden: set) -> str:
+def _describe(path: Path, err: ValidationError, lines: dict, overridden: dict[tuple[str, ...], str]) -> str:
+    """One line per error, naming where the key came from: the command-line override that set it, set
+    something inside it or created it (``foo.bar=1`` invents ``foo``), else the file's line."""
     out = []
     for e in err.errors():
         loc = tuple(str(p) for p in e["loc"])
         key = ".".join(loc) or "(top level)"
-        where = "override" if any(loc[: len(o)] == o for o in overridden) else None
+        where = next((f"override {text!r}" for o, text in overridden.items()
+                      if loc and (loc[: len(o)] == o or o[: len(loc)] == loc)), None)
         if where is None:
             line = next((lines[loc[:n]] for n in range(len(loc), 0, -1) if loc[:n] in lines), None)
             where = f"line {line}" if line else "missing"
