@@ -186,8 +186,9 @@ class TrainConfig(Section):
     """Samples per rank per step (the global batch is batch_size x ranks)."""
     max_length: int = Field(2048, ge=2)
     loader_threads: int = Field(4, ge=1)
-    """Threads that read, verify (sha256) and pad batches ahead of the step; hashing releases the GIL, so
-    verification keeps pace with the step as long as these threads keep pace with the disk."""
+    """Threads that read, verify (sha256) and pad batches ahead of the step, one batch each (held in host
+    memory until its step); hashing releases the GIL, so verification keeps pace with the step as long
+    as these threads keep pace with the disk."""
     ttt_length: int = Field(7, ge=1)
     loss_decay: float = Field(0.8, gt=0, le=1)
     seed: int = 0

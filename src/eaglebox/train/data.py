@@ -58,16 +58,16 @@ R = TypeVar("R")
 
 
 def prefetch(fn: Callable[[T], R], items: Iterable[T], threads: int) -> Iterator[tuple[T, R]]:
-    """``(item, fn(item))`` in order, with ``fn`` run by ``threads`` threads up to ``2 * threads`` items
-    ahead: the training step never waits for a read and its hash unless the disk or the hashing is
-    slower than the step. The first error is raised when its item's turn comes; closing the iterator
-    cancels what is queued."""
+    """``(item, fn(item))`` in order, with ``fn`` run by ``threads`` threads up to ``threads`` items
+    ahead (each result held in memory until its turn): the training step never waits for a read and
+    its hash unless the disk or the hashing is slower than the step. The first error is raised when its
+    item's turn comes; closing the iterator cancels what is queued."""
     pending: deque = deque()
     with ThreadPoolExecutor(threads, thread_name_prefix="eaglebox-loader") as pool:
         try:
             for item in items:
                 pending.append((item, pool.submit(fn, item)))
-                if len(pending) > 2 * threads:
+                if len(pending) > threads:
                     item, fut = pending.popleft()
                     yield item, fut.result()
             while pending:
