@@ -48,7 +48,10 @@ def stale(target: dict) -> str | None:
 
 
 def cache_path() -> Path:
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eaglebox" / "weights-digests.json"
+    """``$EAGLEBOX_CACHE`` (compose sets it to a folder of the data volume: containers are removed after
+    each command), else ``$XDG_CACHE_HOME/eaglebox``, else ``~/.cache/eaglebox``."""
+    folder = os.environ.get("EAGLEBOX_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "eaglebox"
+    return Path(folder) / "weights-digests.json"
 
 
 def _chunk_digest(fd: int, offset: int) -> bytes:
