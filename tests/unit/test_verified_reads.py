@@ -185,8 +185,15 @@ def test_rerunning_extract_sets_damaged_samples_aside_and_captures_them_again(ti
         flipped, cut = out / "shard-00000" / f"{1:032x}.safetensors", out / "shard-00002" / f"{4:032x}.safetensors"
         flip_feature_byte(flipped)
         cut.write_bytes(cut.read_bytes()[:100])
+        index = out / "shard-00001.safetensors"
+        good_index = index.read_bytes()
+        index.write_bytes(good_index[:-5])
+        with pytest.raises(ShardError, match=f"{index}: sha256 differs from manifest.json.*; {REPAIR}"):
+            ShardReader(out)
+        index.write_bytes(good_index)
         with pytest.raises(ShardError, match=f"{flipped}: its tensors' sha256 differs from manifest.json.*; {REPAIR}"):
             ShardReader(out, verify=True)
+        index.write_bytes(good_index[:-5])
 
         server.captured.clear()
         log.clear()
@@ -196,6 +203,9 @@ def test_rerunning_extract_sets_damaged_samples_aside_and_captures_them_again(ti
         assert any(f"{flipped}: its tensors' sha256 differs" in line and f"moved to {out / DAMAGED}" in line
                    for line in log), log
         assert any(f"{cut}: not a complete sample file" in line for line in log), log
+        assert any(f"{index}: sha256 differs" in line and "shard-00001.safetensors will be committed again" in line
+                   for line in log), log
+        assert index.read_bytes() == good_index  # rewritten from its intact samples, none captured again
         assert (out / DAMAGED / "shard-00000" / flipped.name).exists()
         reader = ShardReader(out, verify=True)  # repaired: every sample verifies, byte for byte the first capture's
         assert len(reader) == 6 and again["samples"] == 6

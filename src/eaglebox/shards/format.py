@@ -43,7 +43,7 @@ MANIFEST = "manifest.json"
 DAMAGED = "damaged"
 """Where ``eaglebox extract`` sets aside committed samples that fail verification, before capturing them again."""
 REPAIR = ("run `eaglebox extract` again with the config that wrote {dir}: it re-verifies every committed sample, "
-          f"moves damaged ones to {{dir}}/{DAMAGED}/ and captures them again")
+          f"moves damaged ones to {{dir}}/{DAMAGED}/ and captures them again, and rewrites damaged shard indexes")
 SAMPLE_HEADER_KEYS = ("engine", "engine_version", "captured_layer_inputs")
 """What the capture server records of the capture spec in every sample file (``capture/hook.py``)."""
 
@@ -266,9 +266,10 @@ def check_index(path: Path, shard: dict, capture: dict) -> tuple[torch.Tensor, t
     sha256, the capture header and sample ids it records, its sample offsets. Returns its token ids and
     loss mask."""
     if not path.exists():
-        raise ShardError(f"{path}: listed in {MANIFEST} but missing")
+        raise ShardError(f"{path}: listed in {MANIFEST} but missing; {REPAIR.format(dir=path.parent)}")
     if file_sha256(path) != shard["sha256"]:
-        raise ShardError(f"{path}: sha256 differs from {MANIFEST}: the file changed after capture")
+        raise ShardError(f"{path}: sha256 differs from {MANIFEST}: the file changed after capture; "
+                         f"{REPAIR.format(dir=path.parent)}")
     with open_safetensors(path) as f:
         recorded = json.loads(f.metadata().get("eaglebox", "{}"))
         ids, mask, offsets = (f.get_tensor(k) for k in ("input_ids", "loss_mask", "offsets"))
