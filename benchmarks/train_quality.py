@@ -217,7 +217,7 @@ def run_specforge(a) -> dict:
     log = []
     t1 = time.monotonic()
     for step, ids in enumerate(p["batches"]):
-        b = collate(reader, ids, t.max_length, dev)
+        b = {k: v.to(dev) for k, v in collate(reader, ids, t.max_length).items()}
         tokens += int(b["valid"].sum())
         answer += int(b["loss_mask"].sum())
         input_ids, last, loss_mask = TargetHead.preprocess(None, b["input_ids"], b["last"].float(),
@@ -343,7 +343,7 @@ def main() -> None:
     cmd_line = " ".join(["python", "benchmarks/train_quality.py", *sys.argv[1:]])
     head = (f"# command: {cmd_line}\n# benchmarks/train_quality.py: {len(p['reader'])} samples in {a.shards.name} "
             f"({len(p['train_ids'])} trained on, {len(p['held_ids'])} held out; {requests} scored), target "
-            f"{cfg.model.path} (weights sha256 {p['reader'].header['target'].get('weights_sha256', '?')[:12]}); {b['steps']} steps x batch {t.batch_size}, max_length {t.max_length}, TTT "
+            f"{cfg.model.path} (weights {p['reader'].header['target'].get('weights_digest', '?')[:12]}); {b['steps']} steps x batch {t.batch_size}, max_length {t.max_length}, TTT "
             f"{t.ttt_length}, lr {t.lr} (warmup {t.warmup_steps}, cosine to {t.min_lr_ratio}), clip "
             f"{t.max_grad_norm}, loss decay {t.loss_decay}, seed {t.seed}, fp32; draft vocab "
             f"{t.draft.draft_vocab_size}\n# machine: {platform.machine()} {os.cpu_count()} CPUs "

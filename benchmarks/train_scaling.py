@@ -177,7 +177,7 @@ def batches(a, spec, d, seq: int, pad: int):
     def batch(k: int):
         t = time.perf_counter()
         ids = batch_indices(len(reader), 0, k // per_epoch, k % per_epoch, d.world, d.rank, a.batch)
-        b = collate(reader, ids, seq, d.device, pad)
+        b = {k: v.to(d.device, non_blocking=True) for k, v in collate(reader, ids, seq, pad).items()}
         read["collate_s"] += time.perf_counter() - t
         return b
 
