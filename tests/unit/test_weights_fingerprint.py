@@ -84,3 +84,21 @@ def test_an_old_fingerprint_in_a_draft_or_shards_gets_one_clear_message(tmp_path
                                             r"them again"):
         check_header(old, spec, tmp_path)
     assert differences(spec, spec, []) == []
+
+
+def test_one_process_at_a_time_reads_hashes_and_writes_the_cache(tmp_path):
+    """torchrun's ranks all fingerprint the target: the first hashes, the others wait and read its digests."""
+    import fcntl
+    import threading
+
+    d = model(tmp_path / "m", 1000)
+    cache_path().parent.mkdir(parents=True)
+    fd = os.open(cache_path().with_suffix(".lock"), os.O_CREAT | os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another rank hashing
+    waiting = threading.Thread(target=file_digests, args=([d / "model.safetensors"],))
+    waiting.start()
+    waiting.join(0.5)
+    assert waiting.is_alive()
+    os.close(fd)
+    waiting.join(10)
+    assert not waiting.is_alive()

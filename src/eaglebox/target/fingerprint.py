@@ -12,11 +12,13 @@ writes).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from eaglebox.errors import EagleboxError
@@ -58,10 +60,32 @@ def _chunk_digest(fd: int, offset: int) -> bytes:
     return hashlib.sha256(os.pread(fd, CHUNK_BYTES, offset)).digest()
 
 
+@contextmanager
+def _cache_lock(cache_file: Path):
+    """One process at a time reads, hashes and writes the cache: torchrun's ranks all fingerprint the
+    target, and the first one's digests then serve the others (a 600 GB target read once, not per rank)."""
+    try:
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(cache_file.with_suffix(".lock"), os.O_CREAT | os.O_RDWR, 0o644)
+    except OSError:  # a read-only home: no cache to share
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
 def file_digests(paths: list[Path], threads: int | None = None) -> dict[Path, str]:
     """Each file's digest (:data:`ALGORITHM`), from the cache when its size and mtime are the cached
     ones; the others' chunks all go to one pool, so many small files hash as fast as one large one."""
     cache_file = cache_path()
+    with _cache_lock(cache_file):
+        return _file_digests(paths, threads or os.cpu_count(), cache_file)
+
+
+def _file_digests(paths: list[Path], threads: int, cache_file: Path) -> dict[Path, str]:
     try:
         cache = json.loads(cache_file.read_text())
     except (OSError, json.JSONDecodeError):
@@ -79,7 +103,7 @@ def file_digests(paths: list[Path], threads: int | None = None) -> dict[Path, st
         return out
     fds = {p: os.open(p, os.O_RDONLY) for p in todo}
     try:
-        with ThreadPoolExecutor(threads or os.cpu_count()) as pool:
+        with ThreadPoolExecutor(threads) as pool:
             chunks = {p: [pool.submit(_chunk_digest, fds[p], off) for off in range(0, stats[p].st_size, CHUNK_BYTES)]
                       for p in todo}
             for p in todo:
@@ -96,7 +120,6 @@ def file_digests(paths: list[Path], threads: int | None = None) -> dict[Path, st
             cache[str(p.resolve())] = {"size": stats[p].st_size, "mtime_ns": stats[p].st_mtime_ns,
                                        "algorithm": ALGORITHM, "digest": out[p]}
     try:
-        cache_file.parent.mkdir(parents=True, exist_ok=True)
         tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cache, sort_keys=True))
         os.replace(tmp, cache_file)
