@@ -71,8 +71,13 @@ def is_mla(model_path: Path) -> bool:
 
 
 def target_dtype(model_path: Path, dtype: str) -> str:
-    """The dtype SGLang runs the target in: ``dtype`` (``model.dtype``), or the checkpoint's for ``auto``."""
+    """The dtype SGLang runs the target in: ``dtype`` (``model.dtype``), or the checkpoint's for ``auto``
+    (its ``dtype``, which transformers 5 reads before the older ``torch_dtype``)."""
     if dtype != "auto":
         return dtype
     hf = read_target_config(model_path)
-    return str(hf.get("torch_dtype") or hf.get("dtype") or "bfloat16")
+    if hf.get("dtype") and hf.get("torch_dtype") and hf["dtype"] != hf["torch_dtype"]:
+        raise EagleboxError(f"{Path(model_path) / 'config.json'}: dtype {hf['dtype']!r} and torch_dtype "
+                            f"{hf['torch_dtype']!r} disagree; transformers 5 and SGLang 0.5.23 run dtype: keep one, "
+                            "or set model.dtype")
+    return str(hf.get("dtype") or hf.get("torch_dtype") or "bfloat16")

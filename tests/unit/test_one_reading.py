@@ -1,6 +1,7 @@
-"""One reading of the target's RoPE: ``rope_scaling`` beside a ``rope_parameters`` that says otherwise
-(transformers 5 and SGLang 0.5.23 run the former, eaglebox's draft would read the latter) is refused in
-one line naming the file and the keys; blocks that agree, or one spelling alone, are read as before."""
+"""One reading of the target's config: ``rope_scaling`` beside a ``rope_parameters`` that says otherwise
+(transformers 5 and SGLang 0.5.23 run the former, eaglebox's draft would read the latter), or ``dtype``
+beside another ``torch_dtype``, is refused in one line naming the file and the keys; blocks that agree,
+or one spelling alone, are read as before."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from conftest import TINY_CONFIG, config_for_model
 
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError
-from eaglebox.target.config import text_config
+from eaglebox.target.config import target_dtype, text_config
 
 LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 6, "hidden_size": 64,
          "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 96, "vocab_size": 100,
@@ -51,3 +52,13 @@ def test_one_spelling_or_two_that_agree_are_accepted(tmp_path, rope):
 def test_the_shipped_tiny_targets_read_as_before(tiny_target, tiny_mla_target):
     assert text_config(tiny_target)["num_hidden_layers"] == 4
     assert "hidden_size" in text_config(tiny_mla_target)
+
+
+def test_dtype_beside_another_torch_dtype_is_refused_and_dtype_is_read_first(tmp_path):
+    d = target(tmp_path, dtype="float16")  # LLAMA's torch_dtype: bfloat16
+    with pytest.raises(EagleboxError, match=r"t/config.json: dtype 'float16' and torch_dtype 'bfloat16' disagree; "
+                                            r"transformers 5 and SGLang 0.5.23 run dtype"):
+        target_dtype(d, "auto")
+    assert target_dtype(d, "float32") == "float32"  # model.dtype set: the checkpoint's is not read
+    d = target(tmp_path, dtype="float16", torch_dtype="float16")
+    assert target_dtype(d, "auto") == "float16"
