@@ -44,8 +44,8 @@ import quality  # noqa: E402  (the wide target and the carried task corpus)
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
-WORK = Path("/tmp/h200-served")
-CONFIG = ROOT / "configs" / "h200-served.yaml"
+WORK = Path("/tmp/h200-served")  # --work
+CONFIG = ROOT / "configs" / "h200-served.yaml"  # --config: its paths name where each stage writes
 PLACEMENT = (0, 8, 16, 24)
 LAYERS = 32
 PORTS = {"target": 31700, "trained": 31800, "random": 31900}  # apart: SGLang takes ports above its own
@@ -154,10 +154,17 @@ def pad_target(shallow: Path, out: Path, layers: int = LAYERS, placement=PLACEME
     return out
 
 
-def stage_target() -> Path:
-    target = WORK / "target"
+def cfg_now(*overrides: str):
+    from eaglebox.config import load_config
+
+    return load_config(CONFIG, list(overrides))
+
+
+def stage_target() -> Path | None:
+    """Makes ``model.path`` when it does not exist; returns it then, else None."""
+    target = Path(cfg_now().model.path)
     if (target / "config.json").exists():
-        return target
+        return None
     t0 = time.monotonic()
     shallow = quality.make_target(500, 12000)
     log(f"target: shallow 4-layer target ready in {time.monotonic() - t0:.0f} s")
@@ -173,12 +180,12 @@ def stage_target() -> Path:
 
 
 def check_pass_through(target: Path) -> None:
-    """The padded target's greedy continuation equals the shallow one's (HF, bf16, on the GPU)."""
+    """The padded target's logits against the shallow one's (HF, bf16, on the GPU): pass-through is exact."""
     from transformers import AutoModelForCausalLM
 
     ids = torch.tensor([[5, 17, 301, 44, 1020, 7, 99, 3]], device="cuda")
     outs = []
-    for p in (quality.WORK / "target", target):
+    for p in (quality.WORK / "target", target):  # the shallow one stage_target padded
         m = AutoModelForCausalLM.from_pretrained(p, dtype=torch.bfloat16).cuda().eval()
         with torch.no_grad():
             outs.append(m(ids).logits.float())
@@ -192,11 +199,16 @@ def check_pass_through(target: Path) -> None:
 # ---------------------------------------------------------------- data, train, drafts
 
 def write_data() -> None:
-    data = WORK / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    rows = quality.task_rows()
-    (data / "train.jsonl").write_text("\n".join(rows[-4096:]) + "\n")  # the target trained on rows[:12000]
-    shutil.copy(quality.CARRY / "heldout.jsonl", data / "heldout.jsonl")
+    """The extraction and bench prompts, where the config names them, if not there yet: the task
+    corpus's last 4,096 rows (the target trained on its first 12,000) and the tiny held-out set."""
+    cfg = cfg_now()
+    train, heldout = Path(cfg.extract.dataset), Path(cfg.bench.prompts)
+    if not train.exists():
+        train.parent.mkdir(parents=True, exist_ok=True)
+        train.write_text("\n".join(quality.task_rows()[-4096:]) + "\n")
+    if not heldout.exists():
+        heldout.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(quality.CARRY / "heldout.jsonl", heldout)
 
 
 def eaglebox(verb: str, *overrides: str, timeout: float | None = None, log_name: str | None = None) -> int:
@@ -219,7 +231,7 @@ def eaglebox(verb: str, *overrides: str, timeout: float | None = None, log_name:
 
 
 def stage_extract(deadline: float) -> bool:
-    shards = WORK / "shards"
+    shards = Path(cfg_now().extract.output_dir)
     if (shards / "manifest.json").exists() and not (shards / ".staging").exists():
         return True
     t0 = time.monotonic()
@@ -235,7 +247,7 @@ def stage_extract(deadline: float) -> bool:
 def stage_train(deadline: float, reserve: float, export_on_cut: bool) -> bool:
     """``eaglebox train`` until ``reserve`` seconds before the deadline (it resumes from its last
     checkpoint in the next call); with ``export_on_cut``, a cut run's last checkpoint is exported."""
-    draft = WORK / "train" / "draft"
+    draft = Path(cfg_now().serve.draft_path)
     if (draft / "config.json").exists():
         return True
     budget = left(deadline) - reserve
@@ -260,14 +272,13 @@ def stage_random_draft() -> Path:
         return out
     from safetensors.torch import load_file
 
-    from eaglebox.config import load_config
     from eaglebox.draft.sglang import export_draft, provenance
     from eaglebox.draft.spec import draft_spec
     from eaglebox.shards.format import ShardReader
     from eaglebox.train.checkpoint import trainable_state
     from eaglebox.train.model import Eagle3Draft
 
-    cfg = load_config(CONFIG)
+    cfg = cfg_now()
     reader = ShardReader(cfg.extract.output_dir)
     spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.header["layer_ids"]))
     torch.manual_seed(cfg.train.seed)
@@ -350,17 +361,16 @@ def top2_gap(url: str, ids: list[int]) -> dict:
 
 def stage_bench(deadline: float, chain: list[str], rounds: int = 3) -> None:
     from eaglebox.bench.served import acceptance, run_prompts
-    from eaglebox.config import load_config
     from eaglebox.shards.spec import engine_version
     from eaglebox.stages.bench import heldout_prompts
     from eaglebox.target.tokenizer import load_tokenizer
 
-    cfg = load_config(CONFIG, chain)
+    cfg = cfg_now(*chain)
     prompts = heldout_prompts(cfg, load_tokenizer(cfg))
     b, s = cfg.bench, cfg.serve
     bench = {
         "engine": "sglang", "engine_version": engine_version(), "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0), "num_steps": s.num_steps, "eagle_topk": s.eagle_topk,
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)", "num_steps": s.num_steps, "eagle_topk": s.eagle_topk,
         "num_draft_tokens": s.num_draft_tokens, "prompts": len(prompts), "max_new_tokens": b.max_new_tokens,
         "temperature": 0, "concurrency": b.concurrency, "startup_s": {}, "runs": []}
     RESULT.setdefault("benches", []).append(bench)
@@ -428,14 +438,17 @@ def stage_bench(deadline: float, chain: list[str], rounds: int = 3) -> None:
                 if len(gaps) >= 12 or left(deadline) < 40:
                     break
                 o = out[(e["server"], e["concurrency"], e["round"])][d["prompt"]]
-                g = top2_gap(servers["target"].url, prompts[d["prompt"]] + o[: d["first_diff_at"]])
+                try:
+                    g = top2_gap(servers["target"].url, prompts[d["prompt"]] + o[: d["first_diff_at"]])
+                except (requests.RequestException, KeyError, IndexError, TypeError) as err:
+                    g = {"error": f"{type(err).__name__}: {err}"}
                 gaps.append({"server": e["server"], "concurrency": e["concurrency"], "round": e["round"],
                              "prompt": d["prompt"], "at": d["first_diff_at"], **g})
         save()
         if left(deadline) > 60:
             rc = eaglebox("bench", f"bench.url={servers['trained'].url}", "bench.concurrency=[16]", *chain,
                           timeout=left(deadline) - 20)
-            bj = WORK / "bench" / "bench.json"
+            bj = Path(cfg.bench.output_dir) / "bench.json"
             bench["eaglebox_bench"] = {"rc": rc, "report": json.loads(bj.read_text()) if bj.exists() else None}
             if bench["eaglebox_bench"]["report"]:
                 bench["eaglebox_bench"]["report"].pop("outputs", None)
@@ -471,15 +484,18 @@ def summarize(bench: dict) -> None:
 # ---------------------------------------------------------------- main
 
 def pack_logs() -> None:
+    cfg = cfg_now()
+    shards, train, bench = Path(cfg.extract.output_dir), Path(cfg.train.output_dir), Path(cfg.bench.output_dir)
     with tarfile.open(OUT / "logs.tar.gz", "w:gz") as tar:
-        for p in [*(WORK / "logs").glob("*.log"), WORK / "shards" / "corpus.json", WORK / "shards" / "manifest.json",
-                  *(WORK / "train" / n for n in ("metrics.jsonl", "evals.jsonl", "report.json", "curves.png")),
-                  WORK / "bench" / "bench.json", WORK / "bench" / "bench.png", CONFIG]:
+        for p in [*(WORK / "logs").glob("*.log"), shards / "corpus.json", shards / "manifest.json",
+                  *(train / n for n in ("metrics.jsonl", "evals.jsonl", "report.json", "curves.png")),
+                  bench / "bench.json", bench / "bench.png", CONFIG]:
             if p.exists():
                 tar.add(p, arcname=p.name)
 
 
 def main() -> None:
+    global CONFIG, WORK
     ap = argparse.ArgumentParser()
     ap.add_argument("--deadline-s", type=float, default=560, help="wall time of this call to stay under")
     ap.add_argument("--bench-reserve-s", type=float, default=330, help="time the bench needs after training")
@@ -487,7 +503,10 @@ def main() -> None:
                     help="data: target, extract and train until the deadline (no bench reserve)")
     ap.add_argument("--chain", default=None, help="num_steps,eagle_topk,num_draft_tokens for the bench (default: the config's)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--config", type=Path, default=CONFIG)
+    ap.add_argument("--work", type=Path, default=WORK, help="logs, the random draft, served.json across calls")
     a = ap.parse_args()
+    CONFIG, WORK = a.config.resolve(), a.work
     OUT.mkdir(parents=True, exist_ok=True)
     (WORK / "logs").mkdir(parents=True, exist_ok=True)
     prev = WORK / "served.json"
@@ -496,7 +515,7 @@ def main() -> None:
     RESULT.setdefault("calls", []).append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:]})
     try:
         target = stage_target()
-        if "pass_through_max_abs_logit_diff" not in RESULT:
+        if target is not None:
             check_pass_through(target)
         write_data()
         if not stage_extract(a.deadline_s):
@@ -505,7 +524,7 @@ def main() -> None:
         if trained:
             stage_random_draft()
             for n in ("report.json",):
-                p = WORK / "train" / n
+                p = Path(cfg_now().train.output_dir) / n
                 if p.exists():
                     RESULT["train_report"] = json.loads(p.read_text())
             save()
