@@ -48,7 +48,7 @@ WORK = Path("/tmp/h200-served")  # --work
 CONFIG = ROOT / "configs" / "h200-served.yaml"  # --config: its paths name where each stage writes
 PLACEMENT = (0, 8, 16, 24)
 LAYERS = 32
-PORTS = {"target": 31700, "trained": 31800, "random": 31900}  # apart: SGLang takes ports above its own
+PORTS = {"target": 31700, "trained": 31800, "random": 31900, "llama8b": 32000}  # apart: SGLang takes ports above its own
 START = time.monotonic()
 RESULT: dict = {}
 
@@ -359,7 +359,23 @@ def top2_gap(url: str, ids: list[int]) -> dict:
     return {"top2": [[round(t[0], 5), t[1]] for t in top], "gap": round(top[0][0] - top[1][0], 5)}
 
 
-def stage_bench(deadline: float, chain: list[str], rounds: int = 3) -> None:
+def llama8b_dummy() -> Path:
+    """A Llama-3.1-8B config.json alone (vocab 128,256, 32 layers, hidden 4096, 32/8 heads, intermediate
+    14336, bf16): SGLang serves it with ``--load-format dummy`` (random weights), token ids in."""
+    d = WORK / "llama-3.1-8b-shape"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+        "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+        "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 8192, "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
+        "tie_word_embeddings": False, "bos_token_id": 128000, "eos_token_id": 128001, "torch_dtype": "bfloat16",
+        "attention_bias": False, "mlp_bias": False}, indent=1))
+    return d
+
+
+def stage_bench(deadline: float, chain: list[str], rounds: int = 3, decode_reference: bool = True) -> None:
     from eaglebox.bench.served import acceptance, run_prompts
     from eaglebox.shards.spec import engine_version
     from eaglebox.stages.bench import heldout_prompts
@@ -376,13 +392,25 @@ def stage_bench(deadline: float, chain: list[str], rounds: int = 3) -> None:
     RESULT.setdefault("benches", []).append(bench)
     servers = {"target": Served("target", "serve.draft_path=null"), "trained": Served("trained", *chain),
                "random": Served("random", f"serve.draft_path={WORK / 'draft-random'}", *chain)}
+    if decode_reference:  # issue 26 item 2a: the target's decode cost next to a random-weights Llama-3.1-8B's
+        servers["llama8b"] = Served("llama8b", f"model.path={llama8b_dummy()}", "serve.draft_path=null",
+                                    "engine.extra_args=" + json.dumps([*cfg.engine.extra_args, "--load-format", "dummy",
+                                                                       "--skip-tokenizer-init"]))
     try:
         servers["target"].start()
         bench["startup_s"]["target"] = round(servers["target"].wait(400), 1)
-        servers["trained"].start()
-        servers["random"].start()
-        for name in ("trained", "random"):
-            bench["startup_s"][name] = round(servers[name].wait(450), 1)
+        later = [n for n in servers if n != "target"]
+        for name in later:
+            servers[name].start()
+        for name in later:
+            try:
+                bench["startup_s"][name] = round(servers[name].wait(450), 1)
+            except RuntimeError as err:
+                if name == "trained":
+                    raise
+                bench["startup_s"][name] = f"failed: {err}"  # the control or the decode reference: bench without it
+                log(f"serve {name}: {err}; benching without it")
+                servers.pop(name).stop()
         save()
         out = {}
         t0 = time.monotonic()  # first use compiles SGLang's JIT and Triton kernels: not in the rounds
@@ -417,13 +445,15 @@ def stage_bench(deadline: float, chain: list[str], rounds: int = 3) -> None:
             for c in b.concurrency:
                 measure("target", c, rnd)
                 measure("trained", c, rnd)
-                if rnd == 1:
+                if rnd == 1 and "random" in servers:
                     measure("random", c, rnd)
+                if rnd == 1 and "llama8b" in servers and c in (1, b.concurrency[-1]):
+                    measure("llama8b", c, rnd)
             per_round = time.monotonic() - t0
         # lossless: speculative vs the target's greedy output, same prompts, same concurrency and round
         eq = bench["equality"] = []
         for (name, c, rnd), o in out.items():
-            if name == "target":
+            if name not in ("trained", "random"):
                 continue
             diffs = differences(o, out[("target", c, rnd)])
             eq.append({"server": name, "concurrency": c, "round": rnd, "requests_differing": len(diffs),
@@ -474,6 +504,14 @@ def summarize(bench: dict) -> None:
                             "speedup_worst": min(ratios.values()),
                             "target_tokens_per_s": tgt, "spec_tokens_per_s": {k: v["tokens_per_s"] for k, v in sp.items()},
                             "accept_length": {k: v["accept_length"] for k, v in sp.items()}})
+    ref = {(r["concurrency"]): r["tokens_per_s"] for r in rows if r["server"] == "llama8b"}
+    tgt1 = {r["concurrency"]: r["tokens_per_s"] for r in rows if r["server"] == "target" and r["round"] == 1}
+    bench["decode_cost_vs_llama8b_random"] = [
+        {"concurrency": c, "target_tokens_per_s": tgt1.get(c), "llama8b_random_tokens_per_s": t,
+         "target_ms_per_token": round(1000 / tgt1[c], 3) if tgt1.get(c) else None,
+         "llama8b_ms_per_token": round(1000 / t, 3) if t else None,
+         "target_over_llama8b_time": round(t / tgt1[c], 3) if tgt1.get(c) and t else None}
+        for c, t in ref.items()]
     bench["summary"] = summary
     save()
     for r in summary:
@@ -503,6 +541,8 @@ def main() -> None:
                     help="data: target, extract and train until the deadline (no bench reserve)")
     ap.add_argument("--chain", default=None, help="num_steps,eagle_topk,num_draft_tokens for the bench (default: the config's)")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-decode-reference", action="store_true",
+                    help="skip the random-weights Llama-3.1-8B server (--load-format dummy) of round 1")
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--work", type=Path, default=WORK, help="logs, the random draft, served.json across calls")
     a = ap.parse_args()
@@ -533,7 +573,7 @@ def main() -> None:
             if a.chain:
                 n, k, d = a.chain.split(",")
                 chain = [f"serve.num_steps={n}", f"serve.eagle_topk={k}", f"serve.num_draft_tokens={d}"]
-            stage_bench(a.deadline_s, chain, a.rounds)
+            stage_bench(a.deadline_s, chain, a.rounds, not a.no_decode_reference)
         elif trained:
             log(f"bench: {left(a.deadline_s):.0f} s left; run again on the warm machine to bench")
     except Exception as err:
