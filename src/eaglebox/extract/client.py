@@ -9,7 +9,9 @@ Order of work, and why:
 3. For each shard not yet in the manifest: capture the samples the staging folder lacks (the server
    writes and fsyncs ``.staging/<sample_id>.safetensors``, hashing it as it writes), verify every
    sample (rows == prompt tokens, echoed ids == sent ids, the capture header, widths and dtype),
-   rename it into the shard's folder, write the shard's small index and commit it in the manifest.
+   rename it into the shard's folder, write the shard's small index and commit it in the manifest
+   (rewritten once the samples committed since its last write are 1/8 of all it records, and at the
+   end: linear in the samples, :data:`MANIFEST_SAVE_SHARE`).
    Feature bytes are written once and hashed once, by the server. The next shard's requests are
    already in flight meanwhile.
 """
