@@ -15,7 +15,7 @@ WHEELS := .cache/wheels/.complete
 DOCKER ?= /usr/bin/docker
 COMPOSE = $(DOCKER) compose --env-file compose/.env -f compose/compose.yaml $(if $(CPU),-f compose/compose.cpu.yaml)
 
-.PHONY: venv tiny tiny-retrain demo check test test-fast lint wheels docker-base docker-engine image image-cpu gpu-lock gpu-closure-check extract train serve bench bench-served clean
+.PHONY: venv tiny tiny-retrain demo check test test-fast lint wheels docker-base docker-engine image image-cpu gpu-lock gpu-closure-check gpu-wheels extract train serve bench bench-served clean
 
 venv: $(STAMP)
 
@@ -56,11 +56,12 @@ demo: venv tiny
 check: venv tiny
 	$(EB) check --config $(CONFIG) $(ARGS)
 
-# Set-up, timed phase by phase: the venv, the image's wheels and the Docker engine with its base image
-# share nothing (downloads, apt and debootstrap, bytecode compilation), so they run side by side, each
+# Set-up, timed phase by phase: the venv, the CPU image's wheels, the Docker engine with its base image
+# and the GPU closure's download share nothing (downloads, apt and debootstrap, bytecode compilation),
+# so they run side by side, each
 # logged to .cache/setup-PHASE.log (its tail printed if it fails); then the suite, with its 40 slowest
 # phases (set-up, call, teardown; the CPU image's build is the set-up of the first docker test).
-SETUP_PHASES := venv wheels docker-base
+SETUP_PHASES := venv wheels docker-base gpu-wheels
 test:
 	@mkdir -p .cache; start=$$(date +%s); pids=; for phase in $(SETUP_PHASES); do \
 	  ( s=$$(date +%s); $(MAKE) --no-print-directory $$phase > .cache/setup-$$phase.log 2>&1; rc=$$?; \
@@ -117,9 +118,13 @@ gpu-lock: | $(STAMP)
 
 # What CI builds of the GPU image: download the hash-locked closure (pip --require-hashes) and check
 # sm_120 code in torch / sglang-kernel / flashinfer. Several GB into .cache/gpu-wheels.
-gpu-closure-check: | $(STAMP)
-	PIP_CERT=$${PIP_CERT:-$$( [ -f /etc/ssl/certs/ca-certificates.crt ] && echo /etc/ssl/certs/ca-certificates.crt)} \
-	  docker/gpu-closure-check.sh $(BIN)/pip .cache/gpu-wheels
+GPU_PIP_CERT = PIP_CERT=$${PIP_CERT:-$$( [ -f /etc/ssl/certs/ca-certificates.crt ] && echo /etc/ssl/certs/ca-certificates.crt)}
+gpu-closure-check:
+	$(GPU_PIP_CERT) docker/gpu-closure-check.sh "$(PYTHON) -m pip" .cache/gpu-wheels
+
+# Only the download (make test's set-up, beside the other downloads).
+gpu-wheels:
+	$(GPU_PIP_CERT) docker/gpu-closure-check.sh --download-only "$(PYTHON) -m pip" .cache/gpu-wheels
 
 # The target's healthcheck start_period comes from the config's engine.startup_timeout_s, read by the
 # image's own `eaglebox config show` (the config as resolved, defaults included).
