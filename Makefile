@@ -22,10 +22,10 @@ venv: $(STAMP)
 # SGLang's run-time list without its CUDA-only packages, then SGLang itself with --no-deps, then
 # eaglebox (editable) and its activation in this venv: capture hook + the CPU sgl_kernel stand-in.
 # Installed by uv (parallel downloads: pip took 4.8x as long, median of 3 rounds, on a 2-core machine:
-# benchmarks/results/venv-install-cpu.txt); pip stays in the venv for `make wheels`. --compile-bytecode:
+# benchmarks/results/venv-install-cpu.txt). --compile-bytecode:
 # uv writes no .pyc, and where PYTHONDONTWRITEBYTECODE is set (CI) nothing else does either, so every
 # process that imports SGLang compiled torch, transformers and SGLang from source again (import of the
-# scheduler 64 s -> 23 s here: benchmarks/results/test-time-cpu.txt).
+# scheduler: benchmarks/import_time.py, benchmarks/results/import-time-cpu.txt).
 $(STAMP): requirements/sglang-0.5.23-runtime.txt requirements/dev.txt requirements/specforge.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q uv==$(UV_VERSION)

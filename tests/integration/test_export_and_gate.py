@@ -98,9 +98,10 @@ def test_gate_passes_trained_and_rejects_random_weights(gate):
     assert corpus["answers"] > 400 and corpus["distinct_ratio"] >= 0.9, corpus
     assert corpus["repeated_ngram_dominant_share"] <= 0.01, corpus
 
-    # the same gate with the bar above what the draft reaches fails, with the numbers (resumes: no retraining)
+    # the same gate with the bar above what the draft reaches fails, with the numbers (resumes: no retraining;
+    # 3 steps cap AL at 4, so a few short prompts show it)
     r = eaglebox_cli("check", *args, f"engine.port={free_port()}", f"bench.output_dir={d / 'bench2'}",
-                     "bench.min_accept_length=4.5", timeout=1800)
+                     "bench.min_accept_length=4.5", "bench.num_prompts=4", "bench.max_new_tokens=16", timeout=1800)
     assert r.returncode == 1 and "check FAILED: trained AL" in r.stdout
 
 
