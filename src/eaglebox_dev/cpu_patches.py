@@ -19,6 +19,16 @@ regeneration and held-out continuations in CI. :func:`mla_decode_attention` comp
 implement (paging, sinks, soft cap, score mods, KV scales), which still go to the Triton kernel.
 Prefill, where features are captured, stays on SGLang's Triton kernels. Tested against SGLang's
 kernel run by the interpreter (``tests/unit/test_cpu_kernels.py``).
+
+**MLA target-verify in torch.** Served speculation verifies the drafts with an extend over the latent
+cache under the draft-tree mask (``custom_mask``), run by the interpreter as one program per request,
+head and query block for each of the target's layers at every verify step. :func:`mla_verify_attention`
+computes the same thing in torch (the prefix fully visible, the draft tokens as the mask allows, the
+mask read in the ``FULL_MASK`` layout past the prefix columns as the kernel reads it with
+``skip_prefix_custom_mask``); it replaces ``TritonAttnBackend.extend_attention_fwd`` only on MLA backends
+and only for calls with a custom mask and none of the options it does not implement, so prefill and
+capture stay on SGLang's Triton kernels. Tested against SGLang's kernel under the interpreter
+(``tests/unit/test_mla_spec_cpu.py``).
 """
 
 from __future__ import annotations
@@ -56,6 +66,33 @@ def mla_decode_attention(q, k_buffer, o, kv_indptr, kv_indices, sm_scale: float)
     o.copy_(torch.einsum("bhs,bsv->bhv", p, k[..., :lv]).to(o.dtype))
 
 
+def mla_verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr, kv_indices,
+                         custom_mask, mask_indptr, sm_scale: float) -> None:
+    """Target-verify attention (an extend with a draft-tree mask), written into ``o`` [tokens, heads, Lv]:
+    request ``b``'s queries ``q[qo_indptr[b]:qo_indptr[b + 1]]`` see all of its prefix (rows
+    ``kv_indices[kv_indptr[b]:kv_indptr[b + 1]]`` of the KV buffers) and the draft tokens that
+    ``custom_mask`` allows, read in the ``FULL_MASK`` layout past the prefix columns as SGLang's kernel
+    reads it (``skip_prefix_custom_mask``). KV heads are shared by ``heads // kv_heads`` query heads."""
+    import torch
+
+    group = q.shape[1] // k_extend.shape[1]
+    for b in range(qo_indptr.numel() - 1):
+        q0, q1 = int(qo_indptr[b]), int(qo_indptr[b + 1])
+        p0, p1 = int(kv_indptr[b]), int(kv_indptr[b + 1])
+        n, plen = q1 - q0, p1 - p0
+        if n == 0:
+            continue
+        rows = kv_indices[p0:p1].long()
+        k = torch.cat([k_buffer[rows], k_extend[q0:q1]]).float().repeat_interleave(group, dim=1)
+        v = torch.cat([v_buffer[rows], v_extend[q0:q1]]).float().repeat_interleave(group, dim=1)
+        m0 = int(mask_indptr[b])
+        cells = custom_mask[m0 : m0 + n * (plen + n)].view(n, plen + n).bool()
+        allowed = torch.cat([torch.ones(n, plen, dtype=torch.bool, device=q.device), cells[:, plen:]], dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[q0:q1].float(), k) * sm_scale
+        p = torch.softmax(scores.masked_fill(~allowed[None], float("-inf")), dim=-1)
+        o[q0:q1] = torch.einsum("hqk,khv->qhv", p, v).to(o.dtype)
+
+
 def _torch_mla_decode(module) -> None:
     cls = module.TritonAttnBackend
     init = cls.__init__
@@ -76,6 +113,28 @@ def _torch_mla_decode(module) -> None:
             mla_decode_attention(q, k_buffer, o, kv_indptr, kv_indices, sm_scale)
 
         self.decode_attention_fwd = decode_attention_fwd
+        if getattr(self, "use_mla", False):
+            triton_extend = self.extend_attention_fwd
+
+            def extend_attention_fwd(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                                     kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend,
+                                     k_scale=1.0, v_scale=1.0, sm_scale=None, **kw):
+                plain = (custom_mask is not None and mask_indptr is not None and not q.is_cuda
+                         and sm_scale is not None and k_scale == 1.0 and v_scale == 1.0
+                         and kw.get("skip_prefix_custom_mask", True) and not kw.get("logit_cap")
+                         and kw.get("sliding_window_size", -1) <= 0 and kw.get("sinks") is None
+                         and kw.get("window_kv_offsets") is None and kw.get("xai_temperature_len", -1) <= 0
+                         and kw.get("lse_extend") is None and not kw.get("skip_prefix")
+                         and not kw.get("skip_extend") and kw.get("page_size", 1) == 1
+                         and kw.get("score_mod") is None and kw.get("aux_tensors") is None)
+                if not plain:
+                    return triton_extend(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                                         kv_indices, custom_mask, is_causal, mask_indptr, max_len_extend,
+                                         k_scale, v_scale, sm_scale, **kw)
+                mla_verify_attention(q, k_extend, v_extend, o, k_buffer, v_buffer, qo_indptr, kv_indptr,
+                                     kv_indices, custom_mask, mask_indptr, sm_scale)
+
+            self.extend_attention_fwd = extend_attention_fwd
 
     cls.__init__ = __init__
 

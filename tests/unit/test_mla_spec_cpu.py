@@ -1,0 +1,83 @@
+"""The CPU correction served speculation needs for an MLA target (``eaglebox_dev.cpu_patches``): the
+target-verify attention in torch, against SGLang 0.5.23's own extend kernel run by Triton's interpreter
+(in a subprocess, since TRITON_INTERPRET must be set before import)."""
+
+import json
+import os
+import subprocess
+import sys
+
+MLA_VERIFY = r"""
+import json, torch
+from sglang.kernels.ops.attention.extend_attention import extend_attention_fwd
+from eaglebox_dev.cpu_patches import mla_verify_attention
+torch.manual_seed(0)
+worst = 0.0
+# (heads, kv heads, Lk, Lv, prefix lengths, draft tokens): the tiny target's absorbed MLA (one latent
+# head, 256 + 32 rope), Kimi's widths (512 + 64), and a grouped-KV case
+for H, KH, lk, lv, prefixes, n in ((4, 1, 288, 256, [7, 30], 4), (2, 1, 576, 512, [3, 17], 4),
+                                   (4, 2, 32, 32, [5, 12, 3], 3)):
+    B = len(prefixes)
+    qo = torch.tensor([0] + [n] * B).cumsum(0).to(torch.int32)
+    kvp = torch.tensor([0] + prefixes).cumsum(0).to(torch.int32)
+    idx = torch.randperm(200)[: sum(prefixes)].to(torch.int32)
+    kb = torch.randn(200, KH, lk)
+    vb = kb[..., :lv] if KH == 1 else torch.randn(200, KH, lv)  # MLA: the value is the latent part of the key
+    q, ke = torch.randn(B * n, H, lk), torch.randn(B * n, KH, lk)
+    ve = ke[..., :lv].contiguous() if KH == 1 else torch.randn(B * n, KH, lv)
+    masks, mptr = [], [0]
+    for p in prefixes:  # FULL_MASK layout: n rows of prefix + n cells; each draft token sees some earlier ones
+        m = torch.ones(n, p + n, dtype=torch.bool)
+        m[:, p:] = torch.tril(torch.randint(0, 2, (n, n)).bool()) | torch.eye(n, dtype=torch.bool)
+        masks.append(m.flatten())
+        mptr.append(mptr[-1] + m.numel())
+    cm, mptr = torch.cat(masks), torch.tensor(mptr, dtype=torch.int64)
+    ref, ours = torch.zeros(B * n, H, lv), torch.zeros(B * n, H, lv)
+    extend_attention_fwd(q, ke, ve, ref, kb, vb, qo, kvp, idx, cm, True, mptr, n, 1.0, 1.0, 0.09)
+    mla_verify_attention(q, ke, ve, ours, kb, vb, qo, kvp, idx, cm, mptr, 0.09)
+    worst = max(worst, (ref - ours).abs().max().item())
+print(json.dumps(worst))
+"""
+
+
+def test_torch_mla_verify_matches_sglang_triton_extend_kernel_with_tree_mask():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    out = subprocess.run([sys.executable, "-c", MLA_VERIFY], env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) < 1e-5
+
+
+def test_verify_patch_is_installed_on_mla_backends_only_for_masked_extends():
+    """The wrapper sends anything but a masked extend (prefill, capture, draft extend) to SGLang's kernel."""
+    import types
+
+    import torch
+
+    from eaglebox_dev import cpu_patches
+
+    calls = []
+
+    class Backend:
+        def __init__(self, use_mla):
+            self.use_mla = use_mla
+            self.decode_attention_fwd = lambda *a, **k: calls.append("triton-decode")
+            self.extend_attention_fwd = lambda *a, **k: calls.append("triton-extend")
+
+    module = types.SimpleNamespace(TritonAttnBackend=Backend)
+    cpu_patches._torch_mla_decode(module)
+    q, kv = torch.randn(2, 2, 8), torch.randn(4, 1, 8)
+    o = torch.zeros(2, 2, 4)
+    qo, kvp, idx = torch.tensor([0, 2]), torch.tensor([0, 2]), torch.tensor([0, 1])
+    mask, mptr = torch.ones(8, dtype=torch.bool), torch.tensor([0, 8])
+    mla = Backend(True)
+    mla.extend_attention_fwd(q, kv[:2], kv[:2, :, :4], o, kv, kv[..., :4], qo, kvp, idx, None, True, None, 2,
+                             1.0, 1.0, 0.3)  # no mask: a prefill
+    mla.extend_attention_fwd(q, kv[:2], kv[:2, :, :4], o, kv, kv[..., :4], qo, kvp, idx, mask, True, mptr, 2,
+                             1.0, 1.0, 0.3, logit_cap=30.0)  # an option the torch version does not implement
+    assert calls == ["triton-extend", "triton-extend"] and not o.any()
+    mla.extend_attention_fwd(q, kv[:2], kv[:2, :, :4], o, kv, kv[..., :4], qo, kvp, idx, mask, True, mptr, 2,
+                             1.0, 1.0, 0.3)
+    assert len(calls) == 2 and o.abs().sum() > 0  # the verify went to torch
+    Backend(False).extend_attention_fwd(q, kv[:2], kv[:2, :, :4], o, kv, kv[..., :4], qo, kvp, idx, mask, True,
+                                        mptr, 2, 1.0, 1.0, 0.3)
+    assert calls[-1] == "triton-extend"  # not MLA: untouched
