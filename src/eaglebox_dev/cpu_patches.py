@@ -29,6 +29,12 @@ mask read in the ``FULL_MASK`` layout past the prefix columns as the kernel read
 and only for calls with a custom mask and none of the options it does not implement, so prefill and
 capture stay on SGLang's Triton kernels. Tested against SGLang's kernel under the interpreter
 (``tests/unit/test_mla_spec_cpu.py``).
+
+**Default RoPE on CPU.** On CPU SGLang's ``get_rope_wrapper`` goes to ``get_rope_cpu``, which asserts a
+``deepseek_yarn`` block: a DeepSeek-style module with default RoPE, as eaglebox's MLA-form draft
+(``Eagle3DeepseekV2ForCausalLM``, ``rope_scaling: null``) is, fails to load (``assert rope_scaling is not
+None`` in ``rotary_embedding/factory.py``). Without a scaling block it gets what every other device
+gets, ``get_rope`` (SGLang's ``RotaryEmbedding``, torch on a CPU without AMX).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from eaglebox.engine.post_import import on_import
 
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend"
+ROPE_FACTORY = "sglang.srt.layers.rotary_embedding.factory"
 
 
 def _full_mask_without_amx(module) -> None:
@@ -139,7 +146,22 @@ def _torch_mla_decode(module) -> None:
     cls.__init__ = __init__
 
 
+def _default_rope_on_cpu(module) -> None:
+    cpu_rope = module.get_rope_cpu
+
+    def get_rope_cpu(head_size, rotary_dim, max_position, base, is_neox_style=True, rope_scaling=None,
+                     dtype=None, partial_rotary_factor=1.0, device=None):
+        if rope_scaling is None:
+            return module.get_rope(head_size, rotary_dim, max_position, base, is_neox_style, None, dtype,
+                                   partial_rotary_factor)
+        return cpu_rope(head_size, rotary_dim, max_position, base, is_neox_style, rope_scaling, dtype,
+                        partial_rotary_factor, device)
+
+    module.get_rope_cpu = get_rope_cpu
+
+
 def install() -> None:
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
         on_import(EAGLE_UTILS, _full_mask_without_amx)
         on_import(TRITON_BACKEND, _torch_mla_decode)
+        on_import(ROPE_FACTORY, _default_rope_on_cpu)

@@ -81,3 +81,35 @@ def test_verify_patch_is_installed_on_mla_backends_only_for_masked_extends():
     Backend(False).extend_attention_fwd(q, kv[:2], kv[:2, :, :4], o, kv, kv[..., :4], qo, kvp, idx, mask, True,
                                         mptr, 2, 1.0, 1.0, 0.3)
     assert calls[-1] == "triton-extend"  # not MLA: untouched
+
+
+ROPE = r"""
+import json, torch
+from eaglebox_dev.cpu_patches import _default_rope_on_cpu
+from sglang.srt.layers.rotary_embedding import factory
+from sglang.srt.layers.rotary_embedding.base import RotaryEmbedding
+yarn = {"rope_type": "deepseek_yarn", "factor": 64.0, "original_max_position_embeddings": 4096, "beta_fast": 1.0,
+        "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+if "_default_rope_on_cpu" not in factory.get_rope_cpu.__qualname__:  # eaglebox's activation installs it
+    _default_rope_on_cpu(factory)
+# the MLA draft's RoPE (rope dim 32, interleaved, default frequencies), as SGLang builds it on every other device
+ours = factory.get_rope_wrapper(32, 32, 4096, 10000, False, None, torch.float32, device="cpu")
+ref = RotaryEmbedding(32, 32, 4096, 10000, False, torch.float32)
+pos, q, k = torch.arange(9), torch.randn(9, 4, 32), torch.randn(9, 1, 32)
+a, b = ours(pos, q.clone(), k.clone()), ref.forward_native(pos, q.clone(), k.clone())
+yarn_rope = factory.get_rope_wrapper(32, 32, 4096, 50000, False, yarn, torch.float32, device="cpu")
+print(json.dumps({"cls": type(ours).__name__, "yarn_cls": type(yarn_rope).__name__,
+                  "diff": max((a[0] - b[0]).abs().max().item(), (a[1] - b[1]).abs().max().item())}))
+"""
+
+
+def test_default_rope_builds_on_cpu_as_on_other_devices():
+    """The MLA-form draft's RoPE (no scaling block) is SGLang's RotaryEmbedding on CPU too (unpatched, SGLang
+    0.5.23 refuses it there: ``assert rope_scaling is not None``, the served MLA draft failed to load); yarn is
+    untouched."""
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}  # SGLang as its CPU engine runs (is_cpu())
+    out = subprocess.run([sys.executable, "-c", ROPE], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["cls"] == "RotaryEmbedding" and r["diff"] == 0.0, r
+    assert r["yarn_cls"] == "DeepseekScalingRotaryEmbedding", r
