@@ -35,6 +35,12 @@ capture stay on SGLang's Triton kernels. Tested against SGLang's kernel under th
 (``Eagle3DeepseekV2ForCausalLM``, ``rope_scaling: null``) is, fails to load (``assert rope_scaling is not
 None`` in ``rotary_embedding/factory.py``). Without a scaling block it gets what every other device
 gets, ``get_rope`` (SGLang's ``RotaryEmbedding``, torch on a CPU without AMX).
+
+**No CUDA calls in the MLA draft's embedding hand-over.** ``Eagle3DeepseekV2ForCausalLM.set_embed`` and
+``set_embed_and_head`` (``models/kimi_k25_eagle3.py``) end with ``torch.cuda.empty_cache()`` and
+``torch.cuda.synchronize()``; on a machine without a driver the speculative server then dies while it
+shares the target's embedding with the draft ("Found no NVIDIA driver"). For tensors not on a GPU the
+same assignments are made without those two calls.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from eaglebox.engine.post_import import on_import
 EAGLE_UTILS = "sglang.srt.speculative.eagle_utils"
 TRITON_BACKEND = "sglang.srt.layers.attention.triton_backend"
 ROPE_FACTORY = "sglang.srt.layers.rotary_embedding.factory"
+MLA_DRAFT = "sglang.srt.models.kimi_k25_eagle3"
 
 
 def _full_mask_without_amx(module) -> None:
@@ -160,8 +167,35 @@ def _default_rope_on_cpu(module) -> None:
     module.get_rope_cpu = get_rope_cpu
 
 
+def _mla_draft_embed_without_cuda(module) -> None:
+    cls = module.Eagle3DeepseekV2ForCausalLM
+    set_embed, set_embed_and_head = cls.set_embed, cls.set_embed_and_head
+
+    def cpu_set_embed(self, embed):
+        if embed.is_cuda:
+            return set_embed(self, embed)
+        h = getattr(self.config, "target_hidden_size", None)
+        if h is not None and h != self.config.hidden_size:
+            return None  # as SGLang's: a draft of another width keeps its own embedding
+        del self.model.embed_tokens.weight
+        self.model.embed_tokens.weight = embed
+        return None
+
+    def cpu_set_embed_and_head(self, embed, head):
+        if embed.is_cuda:
+            return set_embed_and_head(self, embed, head)
+        del self.model.embed_tokens.weight
+        del self.lm_head.weight
+        self.model.embed_tokens.weight = embed
+        self.lm_head.weight = head
+        return None
+
+    cls.set_embed, cls.set_embed_and_head = cpu_set_embed, cpu_set_embed_and_head
+
+
 def install() -> None:
     if os.environ.get("SGLANG_USE_CPU_ENGINE") == "1":
         on_import(EAGLE_UTILS, _full_mask_without_amx)
         on_import(TRITON_BACKEND, _torch_mla_decode)
         on_import(ROPE_FACTORY, _default_rope_on_cpu)
+        on_import(MLA_DRAFT, _mla_draft_embed_without_cuda)

@@ -113,3 +113,44 @@ def test_default_rope_builds_on_cpu_as_on_other_devices():
     r = json.loads(out.stdout.strip().splitlines()[-1])
     assert r["cls"] == "RotaryEmbedding" and r["diff"] == 0.0, r
     assert r["yarn_cls"] == "DeepseekScalingRotaryEmbedding", r
+
+
+EMBED = r"""
+import json, sys, torch
+from eaglebox.draft.sglang import export_draft
+from eaglebox.draft.sglang_class import SGLangDraft
+from eaglebox.draft.spec import DraftSpec
+from eaglebox.train.checkpoint import trainable_state
+from eaglebox.train.model import Eagle3Draft
+from eaglebox_dev.cpu_patches import _mla_draft_embed_without_cuda
+s = DraftSpec(hidden_size=64, target_hidden_size=64, num_aux=3, num_attention_heads=4, num_key_value_heads=4,
+              head_dim=24, intermediate_size=96, vocab_size=128, draft_vocab_size=64, rms_norm_eps=1e-5,
+              rope_theta=10000.0, rope_scaling=None, max_position_embeddings=256, architecture="deepseek_mla",
+              q_lora_rank=32, kv_lora_rank=24, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12)
+d = export_draft(sys.argv[1], s, trainable_state(Eagle3Draft(s)), {"layer_ids": [1, 2, 3]}, torch.float32)
+model = SGLangDraft(d).model  # SGLang's Eagle3DeepseekV2ForCausalLM
+embed, head = torch.randn(128, 64), torch.randn(64, 64)
+try:
+    model.set_embed(embed)
+    before = "ok"
+except (RuntimeError, AssertionError) as e:  # SGLang 0.5.23 as shipped: torch.cuda.synchronize() without a GPU
+    before = type(e).__name__
+import sglang.srt.models.kimi_k25_eagle3 as m
+if "cpu_set_embed" not in m.Eagle3DeepseekV2ForCausalLM.set_embed.__qualname__:
+    _mla_draft_embed_without_cuda(m)
+model.set_embed(embed)
+shared = model.model.embed_tokens.weight is embed
+model.set_embed_and_head(embed, head)
+print(json.dumps({"before": before, "shared": shared, "head": model.lm_head.weight is head}))
+"""
+
+
+def test_mla_draft_takes_the_targets_embedding_without_cuda_calls(tmp_path):
+    """The speculative server hands the target's embedding to SGLang's MLA draft class (``set_embed``),
+    which ends in ``torch.cuda.synchronize()``: on a machine without a GPU the server died there."""
+    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+    out = subprocess.run([sys.executable, "-c", EMBED, str(tmp_path / "draft")], env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r["shared"] and r["head"], r
