@@ -6,8 +6,8 @@ and flags SGLang does not know are refused in one line."""
 from __future__ import annotations
 
 import pytest
-from conftest import TINY_CONFIG, config_for_model
 
+from conftest import TINY_CONFIG, config_for_model
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError
 from eaglebox.serve.provenance import differences

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import TINY_CONFIG, config_for_model
 
+from conftest import TINY_CONFIG, config_for_model
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError

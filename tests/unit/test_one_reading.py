@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import TINY_CONFIG, config_for_model
 
+from conftest import TINY_CONFIG, config_for_model
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError
 from eaglebox.target.config import target_dtype, text_config

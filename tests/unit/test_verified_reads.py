@@ -15,8 +15,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
-from conftest import config_for_model
 
+from conftest import config_for_model
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.extract.client import Planned, commit_shard, run_extract
 from eaglebox.shards.format import DAMAGED, FORMAT, SAMPLE_HEADER_KEYS, ShardError, ShardReader, save_manifest

@@ -196,7 +196,7 @@ def read_sample(path: Path, sha256: str, rows: int, capture: dict) -> dict[str, 
         if 8 + n + end != size:
             raise ValueError(f"its header describes {8 + n + end} bytes")
     except (struct.error, ValueError, KeyError, TypeError) as err:
-        raise DamagedSample(f"{path}: not a complete sample file ({size} bytes; {err}): cut short or overwritten")
+        raise DamagedSample(f"{path}: not a complete sample file ({size} bytes; {err}): cut short or overwritten") from None
     data = memoryview(buf)[8 + n :]
     h = hashlib.sha256()
     for key in SAMPLE_KEYS:  # tensor_sha256's order and bytes
