@@ -125,7 +125,8 @@ def test_kill_9_then_rerun_gives_byte_identical_shards(tiny_target, tmp_path):
     cut = json.loads(manifest.read_text())
     assert len(cut["shards"]) < 10  # really interrupted
     visible = sorted(p.name for p in (tmp_path / "cut").glob("shard-*.safetensors"))
-    assert visible == [s["file"] for s in cut["shards"]] or len(visible) == len(cut["shards"]) + 1
+    # the manifest lists a prefix of the committed shards: it is rewritten once an eighth more is committed
+    assert visible[: len(cut["shards"])] == [s["file"] for s in cut["shards"]]
 
     resumed = run_cli(tmp_path / "cut", port)
     out = resumed.communicate(timeout=600)[0]
