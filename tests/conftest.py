@@ -105,3 +105,25 @@ def tiny_shards(tiny_target, tmp_path_factory) -> Path:
                      "extract.max_length=320", *GREEDY)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     return out
+
+
+@pytest.fixture(scope="session")
+def mla_loop(tiny_mla_target, tmp_path_factory):
+    """The Kimi-shaped loop once a session (Triton's interpreter makes each step minutes): extract ->
+    parity -> check on the tiny DeepSeek-V3 target, timed; (folder, each step's CompletedProcess, seconds).
+    ``test_mla_loop.py`` checks the capture and the gate; ``test_mla_served.py`` serves its shards' drafts."""
+    import json
+    import time
+
+    d = tmp_path_factory.mktemp("mla")
+    common = ["--config", str(TINY_MLA_CONFIG), f"extract.output_dir={d / 'shards'}",
+              f"train.output_dir={d / 'train'}", f"bench.output_dir={d / 'bench'}"]
+    steps, times = {}, {}
+    for verb in ("extract", "parity", "check"):
+        t0 = time.monotonic()
+        steps[verb] = eaglebox_cli(verb, *common, f"engine.port={free_port()}", timeout=1800)
+        times[verb] = round(time.monotonic() - t0, 1)
+        if steps[verb].returncode != 0 and verb != "check":
+            break
+    print(json.dumps({"seconds": times}))
+    return d, steps, times

@@ -10,11 +10,10 @@ offline AL against the random-weights control).
 from __future__ import annotations
 
 import json
-import time
 
 import pytest
 
-from conftest import TINY_MLA_CONFIG, eaglebox_cli, free_port
+from conftest import TINY_MLA_CONFIG
 
 pytestmark = pytest.mark.sglang
 
@@ -36,23 +35,6 @@ def test_tiny_mla_tokenizer_is_remote_code(tiny_mla_target):
     assert type(tok).__name__ == "TinyKimiTokenizer" and not tok.is_fast
     hf = json.loads((tiny_mla_target / "config.json").read_text())
     assert hf["architectures"] == ["DeepseekV3ForCausalLM"] and hf["rope_scaling"]["type"] == "yarn"
-
-
-@pytest.fixture(scope="module")
-def mla_loop(tiny_mla_target, tmp_path_factory):
-    """extract -> parity -> check, timed; each step's CompletedProcess."""
-    d = tmp_path_factory.mktemp("mla")
-    common = ["--config", str(TINY_MLA_CONFIG), f"extract.output_dir={d / 'shards'}",
-              f"train.output_dir={d / 'train'}", f"bench.output_dir={d / 'bench'}"]
-    steps, times = {}, {}
-    for verb in ("extract", "parity", "check"):
-        t0 = time.monotonic()
-        steps[verb] = eaglebox_cli(verb, *common, f"engine.port={free_port()}", timeout=1800)
-        times[verb] = round(time.monotonic() - t0, 1)
-        if steps[verb].returncode != 0 and verb != "check":
-            break
-    print(json.dumps({"seconds": times}))
-    return d, steps, times
 
 
 def test_mla_capture_matches_hf_and_gate_passes(mla_loop):

@@ -3,9 +3,9 @@ SGLang 0.5.23's own speculative path on the CPU (``configs/tiny-mla-cpu-served.y
 interpreter, float32; ``eaglebox_dev.cpu_patches`` for the MLA draft's RoPE and embedding hand-over and the
 MLA verify in torch).
 
-One module fixture pays for the training: ``eaglebox check`` captures the shards, trains and scores the
-Llama-form draft (and its random-weights control) offline; a second ``check`` on the same shards (the
-capture resumes, nothing is recaptured) trains and scores the MLA-form draft
+The Llama-form draft, its shards and its offline scores are the session's ``mla_loop`` (``conftest.py``:
+extract -> parity -> ``eaglebox check``, which ``test_mla_loop.py`` checks); one more ``check`` on the same
+shards (the capture resumes, nothing is recaptured) trains and scores the MLA-form draft
 (``train.draft.architecture: deepseek_mla``, SGLang's ``Eagle3DeepseekV2ForCausalLM``). Each draft is then
 served on the first few held-out prompts of those offline scores. A draft served with the wrong layers is
 refused by the server (``LayerMismatch``: ``eaglebox bench`` fails); random weights served as the trained
@@ -32,16 +32,17 @@ MIN_MARGIN = {"llama": 0.5, "deepseek_mla": 0.5}
 
 
 @pytest.fixture(scope="module")
-def mla_drafts(tiny_mla_target, tmp_path_factory):
+def mla_drafts(mla_loop):
     """{form: (draft dir, check.json)} for both forms, trained on one capture."""
-    d = tmp_path_factory.mktemp("mla-served")
-    out = {}
-    for form, overrides in FORMS.items():
-        r = eaglebox_cli("check", "--config", str(TINY_MLA_CONFIG), f"extract.output_dir={d / 'shards'}",
-                         f"train.output_dir={d / form / 'train'}", f"bench.output_dir={d / form / 'bench'}",
-                         f"engine.port={free_port()}", *overrides, timeout=2400)
-        assert r.returncode == 0, f"{form}: " + r.stdout[-3000:] + r.stderr[-3000:]
-        out[form] = (d / form / "train" / "draft", json.loads((d / form / "bench" / "check.json").read_text()))
+    d, steps, _ = mla_loop
+    assert steps["check"].returncode == 0, steps["check"].stdout[-3000:] + steps["check"].stderr[-3000:]
+    out = {"llama": (d / "train" / "draft", json.loads((d / "bench" / "check.json").read_text()))}
+    form, overrides = "deepseek_mla", FORMS["deepseek_mla"]
+    r = eaglebox_cli("check", "--config", str(TINY_MLA_CONFIG), f"extract.output_dir={d / 'shards'}",
+                     f"train.output_dir={d / form / 'train'}", f"bench.output_dir={d / form / 'bench'}",
+                     f"engine.port={free_port()}", *overrides, timeout=2400)
+    assert r.returncode == 0, f"{form}: " + r.stdout[-3000:] + r.stderr[-3000:]
+    out[form] = (d / form / "train" / "draft", json.loads((d / form / "bench" / "check.json").read_text()))
     return d, out
 
 
