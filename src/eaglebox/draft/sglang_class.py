@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,9 +37,7 @@ def _init_sglang_runtime(cpu: bool) -> None:
     if cpu:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     if "MASTER_PORT" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+        os.environ["MASTER_PORT"] = str(_free_port())
     for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
     from sglang.srt.distributed import parallel_state
@@ -189,3 +188,17 @@ class SGLangDraft:
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.hot_token_id[draft_ids]
+
+
+def _free_port() -> int:
+    """A free port for gloo's store, below the kernel's ephemeral range (32768+): a port from bind(0)
+    is handed out again to other processes' outgoing connections, and once one took it before the
+    store listened (EADDRINUSE while a test ran beside other work)."""
+    for port in random.sample(range(10000, 22000), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 10000-21999 for the draft class's process group")
