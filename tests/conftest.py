@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import random
-import socket
 from pathlib import Path
 
 import pytest
@@ -24,6 +22,9 @@ TINY_MLA = ROOT / ".cache" / "tiny-mla"
 TINY_MLA_CONFIG = ROOT / "configs" / "tiny-mla-cpu.yaml"
 
 
+from eaglebox.engine.server import free_port  # noqa: E402,F401  (tests take it from here)
+
+
 def config_for_model(tmp_path: Path, model: Path, *overrides: str):
     """A config naming only ``model`` (every other key at its default), with dotted ``overrides``."""
     from eaglebox.config import load_config
@@ -31,21 +32,6 @@ def config_for_model(tmp_path: Path, model: Path, *overrides: str):
     p = tmp_path / "c.yaml"
     p.write_text(f"model:\n  path: {model}\n")
     return load_config(p, list(overrides))
-
-
-def free_port() -> int:
-    """A free port for a server that binds it seconds later. Not one from bind(0): the kernel hands
-    out the same ephemeral ports to later bind(0) calls and outgoing connections, and once one was
-    taken before SGLang's HTTP server bound it (EADDRINUSE, a CI run lost five tests). Below 22000
-    also stays clear of the range SGLang 0.5.23 picks its internal ports from (22000-29999)."""
-    for port in random.sample(range(10000, 22000), 64):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 10000-21999")
 
 
 @pytest.fixture(scope="session")

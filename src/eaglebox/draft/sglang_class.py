@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import socket
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+
+from eaglebox.engine.server import free_port
 
 _INITIALISED = False
 
@@ -36,16 +36,17 @@ def _init_sglang_runtime(cpu: bool) -> None:
         return
     if cpu:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    if "MASTER_PORT" not in os.environ:
-        os.environ["MASTER_PORT"] = str(_free_port())
-    for key, value in {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
     from sglang.srt.distributed import parallel_state
     from sglang.srt.runtime_context import SpawnRanks, get_parallel, publish, reset_context
     from sglang.srt.server_args import ServerArgs
 
     if not torch.distributed.is_initialized():
-        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo")
+        # the store's address given here, not through MASTER_PORT: a port left in os.environ is inherited by
+        # child processes, whose own store then finds it taken by this one (EADDRINUSE)
+        parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
+                                                    distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
     if not parallel_state.model_parallel_is_initialized():
         reset_context()
         publish(ServerArgs(model_path="dummy", tp_size=1, ep_size=1, pp_size=1), role="test",
@@ -188,17 +189,3 @@ class SGLangDraft:
 
     def to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return self.hot_token_id[draft_ids]
-
-
-def _free_port() -> int:
-    """A free port for gloo's store, below the kernel's ephemeral range (32768+): a port from bind(0)
-    is handed out again to other processes' outgoing connections, and once one took it before the
-    store listened (EADDRINUSE while a test ran beside other work)."""
-    for port in random.sample(range(10000, 22000), 64):
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port in 10000-21999 for the draft class's process group")

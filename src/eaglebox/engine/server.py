@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -149,3 +151,19 @@ def tail(path: Path, n: int = 30) -> str:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-n:])
     except OSError:
         return "(no log)"
+
+
+def free_port() -> int:
+    """A free port for a listener that binds it moments later (an SGLang server, gloo's store). Not one
+    from bind(0): the kernel hands out the same ephemeral ports to later bind(0) calls and outgoing
+    connections, and once one was taken before the listener bound it (EADDRINUSE: a CI run lost five
+    tests; gloo's store in a run beside other work). Below 22000 also stays clear of the range SGLang
+    0.5.23 picks its internal ports from (22000-29999)."""
+    for port in random.sample(range(10000, 22000), 64):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 10000-21999")
