@@ -62,6 +62,9 @@ check: venv tiny
 # logged to .cache/setup-PHASE.log (its tail printed if it fails); then the suite, with its 40 slowest
 # phases (set-up, call, teardown; the CPU image's build is the set-up of the first docker test).
 SETUP_PHASES := venv wheels docker-base gpu-wheels
+# Two lanes (pytest-xdist): groups of tests that share an expensive fixture stay on one worker, heaviest
+# first (tests/conftest.py). LANES= runs the suite in one process.
+LANES ?= -n 2 --dist loadgroup --no-loadscope-reorder
 test:
 	@mkdir -p .cache; start=$$(date +%s); pids=; for phase in $(SETUP_PHASES); do \
 	  ( s=$$(date +%s); $(MAKE) --no-print-directory $$phase > .cache/setup-$$phase.log 2>&1; rc=$$?; \
@@ -72,7 +75,7 @@ test:
 	  for phase in tiny docker-engine; do s=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
 	    echo "make test: set-up phase $$phase took $$(( $$(date +%s) - s )) s"; done; \
 	  echo "make test: set-up took $$(( $$(date +%s) - start )) s in all"
-	$(BIN)/python -m pytest -v --durations=40 --durations-min=1 $(ARGS)
+	$(BIN)/python -m pytest -v --durations=40 --durations-min=1 $(LANES) $(ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -v -m "not sglang and not docker and not closure" $(ARGS)

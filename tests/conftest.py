@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
 
@@ -25,6 +27,34 @@ TINY_MLA_CONFIG = ROOT / "configs" / "tiny-mla-cpu.yaml"
 from eaglebox.engine.server import free_port  # noqa: E402,F401  (tests take it from here)
 
 
+# Two lanes (make test: pytest -n 2 --dist loadgroup). A test that reads one of these shared fixtures runs
+# in that fixture's group, so each is built once, on one worker; any other test runs in its module's group
+# (module fixtures stay on one worker). Groups start heaviest first, in this order (their set-up dominates
+# the run: docs/testing.md), the rest in collection order, so that the two lanes end close together.
+HEAVY_FIRST = ("mla_loop", "cpu_image", "gate", "tiny_shards", "capture_server")
+
+
+def lane_group(item: pytest.Item) -> str:
+    return next((f for f in HEAVY_FIRST if f in item.fixturenames), item.module.__name__)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(lane_group(item)))
+    order = {g: i for i, g in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: order.get(lane_group(item), len(HEAVY_FIRST)))  # stable otherwise
+
+
+@contextlib.contextmanager
+def one_worker_at_a_time(folder: Path):
+    """Both lanes may ask for a cached tiny target at once: one copies it, the other waits and finds it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield
+
+
 def config_for_model(tmp_path: Path, model: Path, *overrides: str):
     """A config naming only ``model`` (every other key at its default), with dotted ``overrides``."""
     from eaglebox.config import load_config
@@ -40,9 +70,10 @@ def tiny_target() -> Path:
     use (or after the shipped one changed), and the data set of its corpus written beside it."""
     from eaglebox_dev.tiny import data_current, make_tiny_target, write_chat_data
 
-    make_tiny_target(TINY / "target")
-    if not data_current(TINY / "data"):
-        write_chat_data(TINY / "data")
+    with one_worker_at_a_time(TINY):
+        make_tiny_target(TINY / "target")
+        if not data_current(TINY / "data"):
+            write_chat_data(TINY / "data")
     return TINY / "target"
 
 
@@ -52,9 +83,10 @@ def tiny_mla_target() -> Path:
     from eaglebox_dev.tiny import data_current, write_chat_data
     from eaglebox_dev.tiny_mla import make_tiny_mla_target
 
-    make_tiny_mla_target(TINY_MLA / "target")
-    if not data_current(TINY_MLA / "data"):
-        write_chat_data(TINY_MLA / "data")
+    with one_worker_at_a_time(TINY_MLA):
+        make_tiny_mla_target(TINY_MLA / "target")
+        if not data_current(TINY_MLA / "data"):
+            write_chat_data(TINY_MLA / "data")
     return TINY_MLA / "target"
 
 
