@@ -122,3 +122,40 @@ def test_capture_writers_are_niced_on_cpu_only(tmp_path):
     assert launch_env(cpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_NICE_WRITERS"] == "1"
     gpu = load_config("configs/tiny-cpu.yaml", [f"model.path={model}", "engine.device=cuda"])
     assert launch_env(gpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_NICE_WRITERS"] == "0"
+
+
+@pytest.mark.parametrize("dp_attention", [["model.dp=8", 'engine.extra_args=["--enable-dp-attention"]'],
+                                          ['engine.extra_args=["--attn-dp-size", "8"]']])
+def test_kimi_preset_with_dp_attention(tmp_path, dp_attention):
+    """Kimi's serving layout, TP 8 with 8 attention-DP groups, in either of SGLang 0.5.23's spellings:
+    resolved by SGLang's own rule, and carried by the capture and the serve launch alike."""
+    from eaglebox.engine.launch import attention_dp_size
+
+    cfg = load_config("configs/kimi-k2.5-8x-rtxpro6000.yaml",
+                      [f"model.path={fake_model(tmp_path, KIMI_CONFIG)}", *dp_attention])
+    assert attention_dp_size(cfg) == 8
+    cap, spec = launch_args(cfg, "capture", sglang_layer_ids(cfg)), launch_args(cfg, "speculative")
+    base = cap[: cap.index("--enable-return-aux-hidden-states")]
+    assert spec[: len(base)] == base and flag(spec, "--speculative-algorithm") == "EAGLE3"
+    assert ("--enable-dp-attention" in base) == ("model.dp=8" in dp_attention)
+
+
+def test_dp_attention_that_would_do_nothing_or_stop_sglang_is_refused_before_a_server_starts(tmp_path, monkeypatch):
+    """One GPU (model.tp 1, model.dp 1): SGLang makes --enable-dp-attention one attention group, i.e. nothing;
+    a number of groups that does not divide model.tp stops every scheduler process. Both are refused by
+    `eaglebox serve` before SGLang is started."""
+    import eaglebox.stages.serve as serve
+
+    monkeypatch.setattr(serve.os, "execvpe", lambda *a: pytest.fail("a server was started"))
+    one_gpu = load_config("configs/tiny-cpu.yaml", [f"model.path={fake_model(tmp_path, LLAMA_CONFIG)}",
+                                                    "serve.draft_path=null",
+                                                    'engine.extra_args=["--enable-dp-attention"]'])
+    with pytest.raises(EagleboxError, match=r"--enable-dp-attention with model.dp 1 does nothing: SGLang 0.5.23 "
+                                            r"makes it --attn-dp-size <model.dp>"):
+        serve.run(one_gpu)
+    (tmp_path / "kimi").mkdir()
+    kimi = load_config("configs/kimi-k2.5-8x-rtxpro6000.yaml",
+                       [f"model.path={fake_model(tmp_path / 'kimi', KIMI_CONFIG)}", "serve.draft_path=null",
+                        "model.dp=3", 'engine.extra_args=["--enable-dp-attention"]'])
+    with pytest.raises(EagleboxError, match=r"DP attention with 3 attention groups needs model.tp divisible by 3"):
+        serve.run(kimi)

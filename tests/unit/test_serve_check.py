@@ -27,15 +27,20 @@ def target(cls, n: int = 6) -> torch.nn.Module:
 def configure(monkeypatch):
     """SGLang's configure_aux_hidden_state_capture with the check installed for a draft trained on the
     inputs of layers 2, 3, 4; the module's own function is restored afterwards."""
+    from sglang.srt import runtime_context
+
     module = importlib.import_module("sglang.srt.model_executor.model_runner_components.attention_backend_setup")
     monkeypatch.setattr(module, "configure_aux_hidden_state_capture", module.configure_aux_hidden_state_capture)
+    # a fresh process's parallel context (an in-process model load elsewhere in the suite leaves its groups)
+    monkeypatch.setattr(runtime_context, "_PARALLEL", runtime_context.ParallelContext())
     monkeypatch.setenv("EAGLEBOX_EXPECT_LAYER_INPUTS", json.dumps([2, 3, 4]))
     patch(module)
 
     def run(model, ids):
-        module.configure_aux_hidden_state_capture(
-            model=model, eagle_use_aux_hidden_state=True, eagle_aux_hidden_state_layer_ids=ids,
-            dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False)
+        with runtime_context.get_parallel().override(pp_size=1, pp_rank=0):  # one server process (test_serve_ranks.py: several)
+            module.configure_aux_hidden_state_capture(
+                model=model, eagle_use_aux_hidden_state=True, eagle_aux_hidden_state_layer_ids=ids,
+                dflash_use_aux_hidden_state=False, dflash_target_layer_ids=None, is_dspark=False)
     return run
 
 

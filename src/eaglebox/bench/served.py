@@ -2,6 +2,8 @@
 
 AL per request is ``completion_tokens / spec_verify_ct`` from SGLang's response; acceptance per
 draft position comes from SGLang's per-request histogram of accepted draft tokens a verify step.
+Both are counted on the request, so DP attention (each request in one attention group) leaves them as
+they are (docs/conventions.md, "DP attention while serving").
 Throughput is completion tokens over wall time at each concurrency level, measured for both
 servers with the same engine flags, one after the other on the same machine.
 """

@@ -110,6 +110,52 @@ def extra_options(cfg: Config) -> dict:
     return _extra_options(tuple(cfg.engine.extra_args)) if cfg.engine.extra_args else {}
 
 
+DP_ATTENTION_OPTIONS = ("enable_dp_attention", "attn_dp_size")
+"""SGLang 0.5.23's two spellings of DP attention: ``--attn-dp-size N``, and the deprecated ``--dp-size N
+--enable-dp-attention`` (``model.dp`` is ``--dp-size``), which SGLang turns into ``--attn-dp-size N
+--dp-size 1`` before anything reads the layout (``arg_groups/parallel_hook.handle_deprecated_dp_attention``)."""
+
+
+@functools.cache
+def _attention_dp_size(tp: int, dp: int, extra_args: tuple[str, ...]) -> int:
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.arg_groups.parallel_hook import handle_deprecated_dp_attention
+    from sglang.srt.server_args import ServerArgs
+
+    parser, _ = _sglang_parser()
+    args = ServerArgs.from_cli_args(parser.parse_args(["--model-path", "-", "--tp", str(tp), "--dp-size", str(dp),
+                                                       *extra_args]))
+    handle_deprecated_dp_attention(args)
+    return resolving_view(args).attn_dp_size
+
+
+def attention_dp_size(cfg: Config) -> int:
+    """The number of attention-DP groups SGLang runs with these settings, resolved by SGLang's own rule
+    (1 without DP attention). DP attention works with eaglebox: the capture writes from each group's
+    first rank (``capture/hook.py``), every rank checks the served draft's layers
+    (``capture/serve_check.py``), and the bench's AL is per request (each request runs in one group).
+    Refused here, before any server starts: ``--enable-dp-attention`` with ``model.dp`` 1, which SGLang
+    turns into one group, i.e. no DP attention (all one GPU allows); and a width that does not divide
+    ``model.tp`` (SGLang asserts it in every scheduler process)."""
+    m = cfg.model
+    given = extra_options(cfg).keys() & DP_ATTENTION_OPTIONS
+    if not given:
+        return 1
+    size = _attention_dp_size(m.tp, m.dp, tuple(cfg.engine.extra_args))
+    if size == 1 and "enable_dp_attention" in given:
+        raise EagleboxError(
+            "engine.extra_args: --enable-dp-attention with model.dp 1 does nothing: SGLang "
+            f"{SGLANG_VERSION} makes it --attn-dp-size <model.dp>, one attention group, no DP attention. Set "
+            "model.dp to the number of attention-DP groups, a divisor of model.tp (Kimi on 8 GPUs: model.tp 8, "
+            "model.dp 8), or drop the flag; on one GPU DP attention cannot run")
+    if m.tp % size:
+        raise EagleboxError(
+            f"engine.extra_args: DP attention with {size} attention groups needs model.tp divisible by {size} "
+            f"(each group is model.tp / {size} GPUs), model.tp is {m.tp}; SGLang {SGLANG_VERSION} would stop "
+            "in every scheduler process")
+    return size
+
+
 def hidden_state_options(cfg: Config) -> dict:
     """The launch options that change the target's hidden states, as the capture spec records them;
     ``extra_args`` only when ``engine.extra_args`` set any (:func:`extra_options`)."""
@@ -122,6 +168,7 @@ def hidden_state_options(cfg: Config) -> dict:
 
 def base_args(cfg: Config) -> list[str]:
     e, m = cfg.engine, cfg.model
+    attention_dp_size(cfg)  # refuses a DP-attention flag that would do nothing or stop SGLang
     args = ["--model-path", str(m.path), "--host", e.host, "--port", str(e.port), "--tp", str(m.tp),
             "--dtype", m.dtype, "--device", e.device]
     if m.quantization:
