@@ -26,7 +26,6 @@ TINY_MLA_CONFIG = ROOT / "configs" / "tiny-mla-cpu.yaml"
 
 from eaglebox.engine.server import free_port  # noqa: E402,F401  (tests take it from here)
 
-
 # Two lanes (make test: pytest -n 2 --dist loadgroup). A test that reads one of these shared fixtures runs
 # in that fixture's group, so each is built once, on one worker; any other test runs in its module's group
 # (module fixtures stay on one worker). Groups start heaviest first, in this order (their set-up dominates
