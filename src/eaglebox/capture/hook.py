@@ -22,16 +22,18 @@ Why the rows are safe to keep (CUDA):
   writes.
 - *Without overlap*, results are processed on the thread and stream that ran the forward, before
   the next forward is queued; the rows arrive on the device and the sink copies them on that stream
-  and waits for the copy before returning (:func:`eaglebox.capture.sink._host_rows`).
+  and waits for the copy before returning (:func:`eaglebox.capture.sink._copy_rows`).
 - *Chunked prefill* hands each chunk over separately; the sink keys pending rows by request id.
 
 Only the attention-TP rank 0 of each attention group writes (:func:`writes_on_this_rank`).
 
-The sink's writer threads share the scheduler process's GIL. Their C calls (sha256, write, fsync)
-release it, but each return to Python waits until the scheduler thread -- which runs Python without
-pause while it drives a GPU -- gives it up, by default after 5 ms. The hook shortens that interval
-(``EAGLEBOX_CAPTURE_SWITCH_INTERVAL_S``, default 0.5 ms) when the first capture request arrives; it
-matters only while a writer waits for the GIL.
+The sink hashes and writes in a writer process of its own (:mod:`eaglebox.capture.writer`): threads
+in the scheduler's interpreter waited for its GIL at every return from C, since the scheduler thread
+runs Python without pause while it drives a GPU (H200: a third of the disk's rate). One thread of the
+sink still runs in the scheduler process, to take each written sample's answer (one GIL acquisition per
+sample); a Python thread waiting for the GIL gets it after the holder's switch interval, 5 ms by
+default, so the hook shortens that (``EAGLEBOX_CAPTURE_SWITCH_INTERVAL_S``, default 0.5 ms) when the
+first capture request arrives.
 
 Installed by a post-import hook (:mod:`eaglebox.engine.post_import`) in every process, because
 SGLang's scheduler is a ``spawn``-ed process.
@@ -40,6 +42,7 @@ SGLang's scheduler is a ``spawn``-ed process.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from eaglebox import SGLANG_VERSION
@@ -79,6 +82,17 @@ def _captured_layer_inputs(processor) -> list[int] | None:
     return layers_to_capture(getattr(getattr(worker, "model_runner", None), "model", None))
 
 
+def stop_server(message: str) -> None:
+    """A capture writer failed: stop the server as SGLang's scheduler does on an exception (its log line,
+    then SIGQUIT to the launcher, which takes the server down), so that the client learns it at once and
+    names the cause from the log, even when every request was already answered."""
+    try:
+        print(f"[eaglebox] {message}", file=sys.stderr, flush=True)
+    except OSError:  # the log is on the disk that filled up; the client finds that cause itself
+        pass
+    os.kill(os.getppid(), signal.SIGQUIT)
+
+
 def patch(module) -> None:
     import sglang
     from sglang.srt.runtime_context import get_parallel
@@ -98,7 +112,7 @@ def patch(module) -> None:
             state["sink"] = CaptureSink(os.environ["EAGLEBOX_CAPTURE_DIR"],
                                         buffer_bytes=int(os.environ.get("EAGLEBOX_CAPTURE_BUFFER_BYTES", 4 << 30)),
                                         nice_writers=os.environ.get("EAGLEBOX_CAPTURE_NICE_WRITERS") == "1",
-                                        header=header)
+                                        header=header, on_error=stop_server)
         return state["sink"]
 
     def _append_prefill_hidden_states(self, *, req, logits_output, hidden_state_offset, capture_hidden_mode,

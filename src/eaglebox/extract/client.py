@@ -27,7 +27,7 @@ import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import requests
@@ -237,7 +237,7 @@ def prepare(cfg, spec: dict, tokenizer, log=print) -> Plan:
 
 
 def capture(cfg, url: str, spec: dict, tokenizer, plan: Plan, staging: Path, *, alive=lambda: True,
-            log=print) -> dict:
+            log=print, report: dict | None = None) -> dict:
     """Regenerate if asked, then capture every planned sample; returns the manifest."""
     if plan.planned is None:
         from eaglebox.extract.regenerate import regenerate
@@ -246,14 +246,103 @@ def capture(cfg, url: str, spec: dict, tokenizer, plan: Plan, staging: Path, *, 
         rows = regenerate(cfg, plan.rows, client, tokenizer, Path(cfg.extract.output_dir), log)
         planned = plan_samples(cfg, rows, tokenizer, spec, log)
         plan = Plan(rows, planned, check_resume(cfg, planned, spec))
-    return run_extract(cfg, url, spec, plan.planned, plan.manifest, staging, alive=alive, log=log)
+    return run_extract(cfg, url, spec, plan.planned, plan.manifest, staging, alive=alive, log=log, report=report)
+
+
+DISK_PROBE_BYTES = 128 << 20
+
+
+def disk_write_rate(folder: Path, nbytes: int = DISK_PROBE_BYTES) -> float | None:
+    """The disk's raw rate at ``folder``: bytes/s of a sequential, fsync'd write of ``nbytes`` (at most an
+    eighth of the free space), removed after; None when it cannot be measured (a disk that is full)."""
+    path = folder / f".disk-rate-{os.getpid()}.tmp"
+    try:
+        nbytes = min(nbytes, shutil.disk_usage(folder).free // 8)
+        if nbytes < 1 << 20:
+            return None
+        block = os.urandom(min(nbytes, 16 << 20))
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            for _ in range(nbytes // len(block)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+        return nbytes // len(block) * len(block) / (time.perf_counter() - t0)
+    except OSError:
+        return None
+    finally:
+        path.unlink(missing_ok=True)
+
+
+WAITED_FOR_WRITERS = 0.1
+"""Capture is bound by its writers (or the disk under them) once it spent this share of its time
+waiting for them: the scheduler at the byte budget, or the client for files whose answers were back."""
+DISK_BOUND = 0.8
+"""... and by the disk when it wrote at this share of the disk's raw rate or more."""
+
+
+def capture_bound(wall_s: float, nbytes: int, disk_bps: float | None, budget_wait_s: float,
+                  files_wait_s: float) -> str:
+    """What set the pace of a capture: ``prefill`` (the writers kept up: the server's forward did),
+    ``disk`` (it waited for writers that wrote at the disk's rate) or ``writers`` (it waited for
+    writers that did not reach the disk's rate: hashing, copying, CPU)."""
+    if (budget_wait_s + files_wait_s) < WAITED_FOR_WRITERS * wall_s:
+        return "prefill"
+    if disk_bps is not None and nbytes / wall_s >= DISK_BOUND * disk_bps:
+        return "disk"
+    return "writers"
+
+
+@dataclass
+class Throughput:
+    """Capture speed for the progress bar and the run report: feature bytes this run captured and
+    committed, against the disk's raw rate; the sink's own numbers come with each answer."""
+    disk_bps: float | None
+    feature_bytes_per_token: int
+    t0: float = field(default_factory=time.monotonic)
+    bytes: int = 0
+    files_wait_s: float = 0.0
+    server: dict = field(default_factory=dict)
+
+    def add(self, tokens: int, sink_stats: dict | None) -> None:
+        self.bytes += tokens * self.feature_bytes_per_token
+        if sink_stats and sink_stats.get("samples", 0) >= self.server.get("samples", 0):
+            self.server = sink_stats
+
+    def rate(self) -> float:
+        return self.bytes / max(time.monotonic() - self.t0, 1e-9)
+
+    def postfix(self) -> str:
+        disk = f"{self.disk_bps / 1e9:.2f} GB/s" if self.disk_bps else "unknown"
+        return f"capture {self.rate() / 1e9:.2f} GB/s, disk {disk}"
+
+    def report(self) -> dict:
+        wall = time.monotonic() - self.t0
+        budget_wait = self.server.get("budget_wait_s", 0.0)
+        out = {"bytes": self.bytes, "seconds": round(wall, 2), "capture_gb_s": round(self.bytes / wall / 1e9, 3),
+               "disk_gb_s": round(self.disk_bps / 1e9, 3) if self.disk_bps else None,
+               "bound_by": capture_bound(wall, self.bytes, self.disk_bps, budget_wait, self.files_wait_s) if self.bytes
+               else None, "client_waited_for_files_s": round(self.files_wait_s, 2)}
+        out.update({f"server_{k}": round(v, 2) if isinstance(v, float) else v for k, v in self.server.items()})
+        return out
+
+    def line(self) -> str:
+        r = self.report()
+        if not self.bytes:
+            return "extract: nothing captured in this run"
+        return (f"extract: captured {r['bytes'] / 1e9:.2f} GB in {r['seconds']:.1f} s, {self.postfix()} (raw, fsync'd): "
+                f"bound by {r['bound_by']} (the server waited {r.get('server_budget_wait_s', 0):.1f} s for its writers' "
+                f"byte budget, the client {r['client_waited_for_files_s']:.1f} s for files; the writers hashed "
+                f"{r.get('server_hash_s', 0):.1f} s and wrote {r.get('server_write_s', 0):.1f} s)")
 
 
 def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dict | None, staging: Path, *,
-                alive=lambda: True, log=print) -> dict:
+                alive=lambda: True, log=print, report: dict | None = None) -> dict:
     """Capture every planned sample into ``extract.output_dir``; returns the final manifest.
 
     ``staging`` is the server's capture directory (``EAGLEBOX_CAPTURE_DIR``), on the same filesystem.
+    The progress bar shows the capture's GB/s beside the disk's raw rate; the last line logged (and
+    ``report``, when given, filled) says what bound it (:func:`capture_bound`).
     """
     e = cfg.extract
     out = Path(e.output_dir)
@@ -272,6 +361,9 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
     client = Client(url, e.max_retries, e.retry_backoff_s, alive)
     bar = progress.bar(total=sum(len(p.input_ids) for p in planned), unit="tok", unit_scale=True, desc="extract",
                initial=sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) in done for p in sh))
+    to_capture = any(shard_name(i) not in done for i in range(len(shards)))
+    speed = Throughput(disk_write_rate(staging) if to_capture else None,
+                       (len(spec["layer_ids"]) + 1) * spec["hidden_size"] * getattr(torch, spec["dtype"]).itemsize)
 
     manifest["samples"] = sum(len(s["samples"]) for s in manifest["shards"])
     manifest["tokens"] = sum(r["rows"] for s in manifest["shards"] for r in s["samples"])
@@ -285,9 +377,15 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
     def finish(index: int, shard: list[Planned], requests: list, present: int) -> None:
         """Wait for a shard's answers and files, then verify, move in and commit it."""
         nonlocal unsaved
-        requested = [f.result() for f in requests]
+        answers = [f.result() for f in requests]
+        requested = [p for p, _ in answers]
         bar.update(sum(len(p.input_ids) for p in requested))
+        t0 = time.monotonic()
         wait_for_files([(staging / f"{p.id}.safetensors", f"sample at line {p.line}") for p in requested])
+        speed.files_wait_s += time.monotonic() - t0
+        for p, sink_stats in answers:
+            speed.add(len(p.input_ids), sink_stats)
+        bar.set_postfix_str(speed.postfix(), refresh=False)
         entry = commit_shard(out, index, shard, staging, spec, bound)
         bisect.insort(manifest["shards"], entry, key=lambda s: s["file"])
         manifest["samples"] += len(entry["samples"])
@@ -329,6 +427,9 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     bar.close()
+    log(speed.line())
+    if report is not None:
+        report.update(speed.report())
     return manifest
 
 
@@ -373,9 +474,9 @@ def set_aside_damaged(out: Path, manifest: dict, threads: int, log=print) -> lis
     return sorted(redo)
 
 
-def capture_one(client: Client, p: Planned) -> Planned:
+def capture_one(client: Client, p: Planned) -> tuple[Planned, dict | None]:
     """Send one sample and check the server's answer; its file is written by the server's writer
-    thread and appears (atomically) a little later."""
+    process and appears (atomically) a little later. Returns the sample and the sink's numbers."""
     rid = capture_rid(p.id)
     body = {"input_ids": p.input_ids, "rid": rid, "return_hidden_states": True,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
@@ -388,7 +489,7 @@ def capture_one(client: Client, p: Planned) -> Planned:
     if len(hs) != 1 or not isinstance(hs[0], dict) or hs[0].get("rows") != len(p.input_ids):
         raise ExtractError(f"sample at line {p.line}: the server's capture answer {str(hs)[:300]} does not "
                            f"cover {len(p.input_ids)} rows (is the eaglebox hook active, radix cache off?)")
-    return p
+    return p, hs[0].get("sink")
 
 
 def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120) -> None:

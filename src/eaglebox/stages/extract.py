@@ -70,11 +70,13 @@ def run(cfg) -> int:
     srv = capture_server(cfg, spec, log_path)
     print(f"extract: starting SGLang {spec['engine_version']} (layer ids {spec['layer_ids']}: {spec['architecture']} "
           f"hooks the inputs of layers {spec['captured_layer_inputs']}); log {log_path}")
+    throughput: dict = {}
     with srv:
         print(f"extract: server healthy after {srv.startup_s:.1f} s")
-        manifest = capture(cfg, srv.url, spec, tokenizer, plan, staging, alive=srv.alive)
+        manifest = capture(cfg, srv.url, spec, tokenizer, plan, staging, alive=srv.alive, report=throughput)
     shutil.rmtree(staging, ignore_errors=True)  # committed samples are already removed; leftovers are recomputable
     print(f"extract: {manifest['samples']} samples, {manifest['tokens']:,} tokens in {len(manifest['shards'])} "
           f"shards at {out}")
-    print(json.dumps({"capture": manifest["capture"], "corpus": corpus_report(cfg, tokenizer)}, indent=1))
+    print(json.dumps({"capture": manifest["capture"], "throughput": throughput, "corpus": corpus_report(cfg, tokenizer)},
+                     indent=1))
     return 0
