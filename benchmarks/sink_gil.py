@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from eaglebox.extract.client import disk_write_rate
+
 ROOT = Path(__file__).resolve().parents[1]
 THREADS_COMMIT = "0229102"  # the last sink with writer threads
 CHUNK = 512  # SGLang's chunked prefill size in the H200 runs of issue 29
@@ -102,20 +104,6 @@ def feed(sink, lengths: list[int], aux_pool: torch.Tensor, last_pool: torch.Tens
     return t1 - t0, time.perf_counter() - t0, total
 
 
-def raw_disk(folder: Path, nbytes: int) -> float:
-    block = os.urandom(64 << 20)
-    path = folder / "raw.bin"
-    t0 = time.perf_counter()
-    with open(path, "wb") as f:
-        for _ in range(-(-nbytes // len(block))):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-    dt = time.perf_counter() - t0
-    path.unlink()
-    return -(-nbytes // len(block)) * len(block) / dt
-
-
 def clear(folder: Path) -> None:
     for f in folder.iterdir():
         f.unlink()
@@ -171,7 +159,7 @@ def main() -> None:
                 row[f"{mode}_sched_s"] = sched_s
                 row[f"{mode}_add_s"] = sinks[mode].stats["add_s"] - add_s
                 clear(folders[mode])
-            row["disk"] = raw_disk(a.out_dir, nbytes)
+            row["disk"] = disk_write_rate(a.out_dir, nbytes)
             if r >= 0:
                 rounds.append(row)
             print(json.dumps({"work": work, "hidden": hidden, "dtype": dtype_name, "round": r if r >= 0 else "warm-up",
