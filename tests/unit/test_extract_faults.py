@@ -1,6 +1,8 @@
 """Client-side faults: a dead server, a restarting one (503 then OK), a disk that is too small."""
 
 import json
+import subprocess
+import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -8,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from eaglebox.capture.hook import VersionMismatch, check_sglang_version
-from eaglebox.extract.client import Client, ExtractError, bytes_per_token, check_disk
+from eaglebox.extract.client import Client, ExtractError, bytes_per_token, check_disk, wait_for_files
 
 
 def test_dead_server_gets_bounded_retries_then_a_clear_error():
@@ -52,6 +54,16 @@ def test_a_dead_server_process_stops_retries_at_once():
     client = Client("http://127.0.0.1:9", max_retries=50, backoff_s=1, alive=lambda: False)
     with pytest.raises(ExtractError, match="has exited"):
         client.post("/generate", {})
+
+
+def test_a_server_that_exits_while_a_file_is_awaited_ends_the_wait_at_once(tmp_path):
+    server = subprocess.Popen([sys.executable, "-c", "pass"])  # a process that has exited by the check
+    server.wait()
+    t0 = time.monotonic()
+    with pytest.raises(ExtractError, match="line 3: the SGLang server exited before it wrote"):
+        wait_for_files([(tmp_path / "s.safetensors", "sample at line 3")], wait_s=60,
+                       alive=lambda: server.poll() is None)
+    assert time.monotonic() - t0 < 5  # not the 60 s of waiting for a writer
 
 
 def test_disk_budget_refuses_with_the_numbers(tmp_path):

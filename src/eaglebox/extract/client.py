@@ -381,7 +381,8 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
         requested = [p for p, _ in answers]
         bar.update(sum(len(p.input_ids) for p in requested))
         t0 = time.monotonic()
-        wait_for_files([(staging / f"{p.id}.safetensors", f"sample at line {p.line}") for p in requested])
+        wait_for_files([(staging / f"{p.id}.safetensors", f"sample at line {p.line}") for p in requested],
+                       alive=alive)
         speed.files_wait_s += time.monotonic() - t0
         for p, sink_stats in answers:
             speed.add(len(p.input_ids), sink_stats)
@@ -492,11 +493,14 @@ def capture_one(client: Client, p: Planned) -> tuple[Planned, dict | None]:
     return p, hs[0].get("sink")
 
 
-def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120) -> None:
-    """Wait until the server's writer has renamed each (file, what it is) into place."""
+def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120, alive=lambda: True) -> None:
+    """Wait until the server's writer has renamed each (file, what it is) into place; a server that exits
+    meanwhile (``alive`` false) ends the wait at once instead of after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     for path, what in files:
         while not path.exists():
+            if not alive():
+                raise ExtractError(f"{what}: the SGLang server exited before it wrote {path}")
             if time.monotonic() > deadline:
                 raise ExtractError(f"{what}: {path} did not appear within {wait_s:.0f} s of its answer")
             time.sleep(0.005)
