@@ -14,21 +14,15 @@ exits once the socket is closed and the samples it was sent are written.
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import queue
-import signal
 import sys
 import threading
 from multiprocessing.connection import Connection
 from pathlib import Path
 
-
-def die_with_parent(parent: int) -> None:
-    ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() != parent:  # it died before the line above
-        os._exit(1)
+from eaglebox.engine.server import die_with_parent
 
 
 def main(argv: list[str]) -> None:

@@ -7,6 +7,7 @@ kills the whole group: no orphan keeps a port or a core after a test or a crash.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import random
 import re
@@ -53,7 +54,7 @@ class SGLangServer:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang.launch_server", *self.args],
             env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         log.close()
         try:
@@ -103,10 +104,13 @@ class SGLangServer:
                               f"(log: {self.log_path})") from exc
 
 
-def _die_with_parent() -> None:
-    """Runs in the child before exec: if the process that started the server dies, even by kill -9,
-    the kernel kills the server (its own children follow: SGLang sets the same for them)."""
+def die_with_parent(parent: int) -> None:
+    """Runs in a child, before exec or first thing after it: if ``parent``, the process that started it,
+    dies, even by kill -9, the kernel kills the child; a parent already gone ends it at once. (An SGLang
+    server's own children follow: SGLang sets the same for them.)"""
     ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os._exit(1)
 
 
 def _healthy(url: str) -> bool:
