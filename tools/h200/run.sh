@@ -18,4 +18,4 @@ PURELIB=$(python3 -c "import sysconfig; print(sysconfig.get_paths()['purelib'])"
 echo "import eaglebox.capture.activate" > "$PURELIB/eaglebox_capture.pth"  # .pth files on PYTHONPATH are not read
 echo "import h200_patches" > "$PURELIB/eaglebox_h200.pth"
 nvidia-smi -L; python3 -c "import torch, sglang; print('torch', torch.__version__, 'sglang', sglang.__version__)"
-python3 "tools/h200/checks/$1.py" "${@:2}"
+exec python3 "tools/h200/checks/$1.py" "${@:2}"  # exec: a timeout -s INT reaches python (its finally blocks run)

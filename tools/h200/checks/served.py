@@ -56,8 +56,9 @@ RESULT: dict = {}
 def log(msg: str) -> None:
     line = f"[{time.strftime('%H:%M:%S')} +{time.monotonic() - START:.0f}s] {msg}"
     print(line, flush=True)
-    with open(OUT / "served.log", "a") as f:
-        f.write(line + "\n")
+    for d in (OUT, WORK):  # WORK's copy spans the calls; main() copies it to OUT first
+        with open(d / "served.log", "a") as f:
+            f.write(line + "\n")
 
 
 def save() -> None:
@@ -160,17 +161,17 @@ def cfg_now(*overrides: str):
     return load_config(CONFIG, list(overrides))
 
 
-def stage_target() -> Path | None:
+def stage_target(steps: int = 500) -> Path | None:
     """Makes ``model.path`` when it does not exist; returns it then, else None."""
     target = Path(cfg_now().model.path)
     if (target / "config.json").exists():
         return None
     t0 = time.monotonic()
-    shallow = quality.make_target(500, 12000)
-    log(f"target: shallow 4-layer target ready in {time.monotonic() - t0:.0f} s")
+    shallow = quality.make_target(steps, 12000)
+    log(f"target: shallow 4-layer target ({steps} steps) ready in {time.monotonic() - t0:.0f} s")
     t0 = time.monotonic()
     pad_target(shallow, target)
-    RESULT["target"] = {"made": "4 trained layers (checks/quality.py's wide target, 500 steps) at "
+    RESULT["target"] = {"made": f"4 trained layers (checks/quality.py's wide target, {steps} steps) at "
                                 f"{list(PLACEMENT)} of {LAYERS}; the rest pass-through",
                         "pad_s": round(time.monotonic() - t0, 1),
                         "bytes": sum(f.stat().st_size for f in target.glob("*.safetensors"))}
@@ -293,7 +294,9 @@ def stage_random_draft() -> Path:
 # ---------------------------------------------------------------- serving
 
 class Served:
-    """``eaglebox serve --config configs/h200-served.yaml engine.port=P [overrides]`` in its own session."""
+    """``eaglebox serve --config configs/h200-served.yaml engine.port=P [overrides]`` in its own session
+    (setsid: with ``--keep-servers`` it outlives this call's command, and the next call on the warm machine
+    attaches to it by the pid that ``stage_bench`` wrote to WORK/servers.json)."""
 
     def __init__(self, name: str, *overrides: str):
         self.name, self.port = name, PORTS[name]
@@ -301,16 +304,36 @@ class Served:
         self.cmd = [sys.executable, "-m", "eaglebox.cli", "serve", "--config", str(CONFIG),
                     f"engine.port={self.port}", *overrides]
         self.proc = None
+        self.pid = None  # set by stage_bench for a server attached to
+        self.t0 = time.monotonic()
+
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        if self.pid is None:
+            return False
+        try:
+            os.kill(self.pid, 0)
+        except OSError:
+            return False
+        try:  # a zombie is gone
+            return open(f"/proc/{self.pid}/stat").read().rsplit(")", 1)[-1].split()[0] != "Z"
+        except OSError:
+            return False
 
     def start(self) -> Served:
         log(f"serve {self.name}: eaglebox " + " ".join(self.cmd[3:]))
         logf = open(WORK / "logs" / f"server-{self.name}.log", "ab")
         self.proc = subprocess.Popen(self.cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         logf.close()
+        self.pid = self.proc.pid
         self.t0 = time.monotonic()
         return self
 
     def wait(self, timeout: float) -> float:
+        """Seconds from start to healthy; RuntimeError if it exited, TimeoutError after ``timeout`` s of
+        this wait (stage_bench passes what is left of the call: with --keep-servers it goes on starting)."""
+        t_wait = time.monotonic()
         while True:
             try:
                 if requests.get(self.url + "/health", timeout=2).status_code == 200:
@@ -319,25 +342,32 @@ class Served:
                     return s
             except requests.RequestException:
                 pass
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} server exited {self.proc.returncode}; see logs/server-{self.name}.log")
-            if time.monotonic() - self.t0 > timeout:
-                raise RuntimeError(f"{self.name} server not healthy after {timeout:.0f} s")
+            if not self.alive():
+                raise RuntimeError(f"{self.name} server exited; see logs/server-{self.name}.log")
+            if time.monotonic() - t_wait > timeout:
+                raise TimeoutError(f"{self.name} server not healthy after {timeout:.0f} s of waiting")
             time.sleep(1)
 
     def stop(self) -> None:
-        if self.proc is None:
+        if self.pid is None:
             return
         for sig in (signal.SIGTERM, signal.SIGKILL):
             try:
-                os.killpg(self.proc.pid, sig)
-                self.proc.wait(timeout=15)
-                break
+                os.killpg(self.pid, sig)
             except ProcessLookupError:
                 break
-            except subprocess.TimeoutExpired:
-                continue
-        self.proc = None
+            if self.proc is not None:
+                try:
+                    self.proc.wait(timeout=15)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+            t = time.monotonic()
+            while self.alive() and time.monotonic() - t < 15:
+                time.sleep(0.5)
+            if not self.alive():
+                break
+        self.proc = self.pid = None
 
 
 def differences(spec_out: list[list[int]], ref_out: list[list[int]]) -> list[dict]:
@@ -375,7 +405,26 @@ def llama8b_dummy() -> Path:
     return d
 
 
-def stage_bench(deadline: float, chain: list[str], rounds: int = 3, decode_reference: bool = True) -> None:
+def healthy(url: str) -> bool:
+    try:
+        return requests.get(url + "/health", timeout=2).status_code == 200
+    except requests.RequestException:
+        return False
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except OSError:
+        return False
+
+
+def stage_bench(deadline: float, chain: list[str], rounds: int = 3, decode_reference: bool = True,
+                keep: bool = False) -> None:
+    """The bench. With ``keep`` the servers are left running (each in its own session) and their pids
+    written to WORK/servers.json; a later call on the still-warm machine attaches to them and carries on
+    with the measurements not made yet (WORK/outputs.json holds the outputs made so far)."""
     from eaglebox.bench.served import acceptance, run_prompts
     from eaglebox.shards.spec import engine_version
     from eaglebox.stages.bench import heldout_prompts
@@ -384,83 +433,127 @@ def stage_bench(deadline: float, chain: list[str], rounds: int = 3, decode_refer
     cfg = cfg_now(*chain)
     prompts = heldout_prompts(cfg, load_tokenizer(cfg))
     b, s = cfg.bench, cfg.serve
-    bench = {
-        "engine": "sglang", "engine_version": engine_version(), "torch": torch.__version__,
-        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)", "num_steps": s.num_steps, "eagle_topk": s.eagle_topk,
-        "num_draft_tokens": s.num_draft_tokens, "prompts": len(prompts), "max_new_tokens": b.max_new_tokens,
-        "temperature": 0, "concurrency": b.concurrency, "startup_s": {}, "runs": []}
-    RESULT.setdefault("benches", []).append(bench)
+    pids_file, outs_file = WORK / "servers.json", WORK / "outputs.json"
+    running = json.loads(pids_file.read_text()) if pids_file.exists() else {}
+    running = {n: pid for n, pid in running.items() if pid_alive(pid)}
+    attach = "trained" in running and "target" in running and bool(RESULT.get("benches"))
+    if attach:
+        bench = RESULT["benches"][-1]
+        out = {tuple(json.loads(k)): v for k, v in json.loads(outs_file.read_text()).items()} if outs_file.exists() else {}
+        log(f"bench: attaching to the servers left running by the last call: {running}; "
+            f"{len(out)} measurements made already")
+    else:
+        bench = {
+            "engine": "sglang", "engine_version": engine_version(), "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none (CPU)", "num_steps": s.num_steps, "eagle_topk": s.eagle_topk,
+            "num_draft_tokens": s.num_draft_tokens, "prompts": len(prompts), "max_new_tokens": b.max_new_tokens,
+            "temperature": 0, "concurrency": b.concurrency, "startup_s": {}, "runs": []}
+        RESULT.setdefault("benches", []).append(bench)
+        out = {}
     servers = {"target": Served("target", "serve.draft_path=null"), "trained": Served("trained", *chain),
                "random": Served("random", f"serve.draft_path={WORK / 'draft-random'}", *chain)}
     if decode_reference:  # issue 26 item 2a: the target's decode cost next to a random-weights Llama-3.1-8B's
         servers["llama8b"] = Served("llama8b", f"model.path={llama8b_dummy()}", "serve.draft_path=null",
                                     "engine.extra_args=" + json.dumps([*cfg.engine.extra_args, "--load-format", "dummy",
                                                                        "--skip-tokenizer-init"]))
+    if attach:
+        for name in list(servers):
+            if name not in running:
+                servers.pop(name)
+            else:
+                servers[name].pid = running[name]
+    stopped = False
     try:
-        servers["target"].start()
-        bench["startup_s"]["target"] = round(servers["target"].wait(400), 1)
-        later = [n for n in servers if n != "target"]
-        for name in later:
-            servers[name].start()
-        for name in later:
+        if not attach:
+            # all at once: each KV pool is capped by engine.max_total_tokens, far under what is free
+            for srv in servers.values():
+                srv.start()
+            pids_file.write_text(json.dumps({n: srv.proc.pid for n, srv in servers.items()}))
+        for name in list(servers):
+            if attach and name in bench["startup_s"] and not isinstance(bench["startup_s"][name], str):
+                if not healthy(servers[name].url):
+                    raise RuntimeError(f"{name} server (pid {running[name]}) no longer healthy")
+                continue
             try:
-                bench["startup_s"][name] = round(servers[name].wait(450), 1)
-            except RuntimeError as err:
-                if name == "trained":
+                t = servers[name].wait(min(450, max(left(deadline) - 20, 10)))
+                if not attach:
+                    bench["startup_s"][name] = round(t, 1)
+                else:
+                    bench["startup_s"][name] = f"healthy {t:.0f} s into the next call"
+            except (RuntimeError, TimeoutError) as err:
+                if keep and isinstance(err, TimeoutError):  # the call's deadline: they go on starting
+                    log(f"bench: {err} by this call's deadline; left starting for the next call")
+                    return
+                if name in ("trained", "target"):
                     raise
                 bench["startup_s"][name] = f"failed: {err}"  # the control or the decode reference: bench without it
                 log(f"serve {name}: {err}; benching without it")
                 servers.pop(name).stop()
         save()
-        out = {}
-        t0 = time.monotonic()  # first use compiles SGLang's JIT and Triton kernels: not in the rounds
-        for srv in servers.values():
-            for c in b.concurrency:
-                run_prompts(srv.url, prompts[:c], 16, c)
-        bench["warmup_s"] = round(time.monotonic() - t0, 1)
-        log(f"bench: warm-up requests at every concurrency on all servers in {bench['warmup_s']} s")
+        if "warmup_s" not in bench and keep and left(deadline) < 90:  # the first spec requests build the JIT tree kernel
+            log(f"bench: {left(deadline):.0f} s left; warm-up and rounds left to the next call")
+            return
+        if "warmup_s" not in bench:
+            t0 = time.monotonic()  # first use compiles SGLang's JIT and Triton kernels: not in the rounds
+            for srv in servers.values():
+                for c in b.concurrency:
+                    run_prompts(srv.url, prompts[:c], 16, c)
+            bench["warmup_s"] = round(time.monotonic() - t0, 1)
+            log(f"bench: warm-up requests at every concurrency on all servers in {bench['warmup_s']} s")
+            save()
 
         def measure(name: str, c: int, rnd: int) -> dict:
             r = run_prompts(servers[name].url, prompts, b.max_new_tokens, c)
             row = {"server": name, "round": rnd, "concurrency": c, "wall_s": r["wall_s"],
                    "completion_tokens": r["completion_tokens"], "tokens_per_s": r["tokens_per_s"]}
-            if name != "target":
+            if name not in ("target", "llama8b"):
                 a = acceptance(r["meta"], s.num_steps)
                 row |= {"accept_length": a["accept_length"], "verify_ct": a["verify_ct"],
                         "accept_rate_per_position": a["accept_rate_per_position"],
                         "accept_length_per_request": a["accept_length_per_request"]}
             bench["runs"].append(row)
             out[(name, c, rnd)] = r["outputs"]
-            log(f"bench: round {rnd} c={c} {name}: {r['tokens_per_s']} tok/s"
-                + (f", AL {row['accept_length']:.3f}" if "accept_length" in row else ""))
+            outs_file.write_text(json.dumps({json.dumps(list(k)): v for k, v in out.items()}))
+            log(f"bench: round {rnd} c={c} {name}: {r['tokens_per_s']} tok/s in {r['wall_s']:.1f} s"
+                + (f", AL {row['accept_length']:.3f}" if row.get("accept_length") else ""))
             save()
             return r
 
-        per_round = None
+        plan = []
         for rnd in range(1, rounds + 1):
-            t0 = time.monotonic()
-            if per_round and left(deadline) < per_round + 60:
-                log(f"bench: {left(deadline):.0f} s left, a round takes ~{per_round:.0f} s: stopping after {rnd - 1}")
-                break
             for c in b.concurrency:
-                measure("target", c, rnd)
-                measure("trained", c, rnd)
+                plan += [("target", c, rnd), ("trained", c, rnd)]
                 if rnd == 1 and "random" in servers:
-                    measure("random", c, rnd)
+                    plan.append(("random", c, rnd))
                 if rnd == 1 and "llama8b" in servers and c in (1, b.concurrency[-1]):
-                    measure("llama8b", c, rnd)
-            per_round = time.monotonic() - t0
+                    plan.append(("llama8b", c, rnd))
+        todo = [k for k in plan if k not in out]
+        complete = True
+        for name, c, rnd in todo:
+            walls = [r["wall_s"] for r in bench["runs"] if r["server"] == name and r["concurrency"] == c]
+            same_c = [r["wall_s"] for r in bench["runs"] if r["concurrency"] == c]
+            est = max(walls) if walls else 1.5 * max(same_c) if same_c else (60 if c == 1 else 30)
+            if left(deadline) < est + 25:
+                log(f"bench: {left(deadline):.0f} s left, {name} c={c} round {rnd} takes ~{est:.0f} s: "
+                    f"stopping ({len(todo)} planned this call)")
+                complete = False
+                break
+            measure(name, c, rnd)
+        bench["plan_complete"] = complete
         # lossless: speculative vs the target's greedy output, same prompts, same concurrency and round
         eq = bench["equality"] = []
-        for (name, c, rnd), o in out.items():
-            if name not in ("trained", "random"):
+        for (name, c, rnd), o in sorted(out.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
+            if name not in ("trained", "random") or ("target", c, rnd) not in out:
                 continue
             diffs = differences(o, out[("target", c, rnd)])
             eq.append({"server": name, "concurrency": c, "round": rnd, "requests_differing": len(diffs),
                        "differing_tokens": sum(d["differing_tokens"] for d in diffs), "diffs": diffs[:8]})
-        base = [differences(out[("target", c, 1)], out[("target", 1, 1)]) for c in b.concurrency[1:]]
-        bench["target_vs_itself_c1"] = [{"concurrency": c, "requests_differing": len(d)}
-                                        for c, d in zip(b.concurrency[1:], base)]
+        base_c = b.concurrency[0]
+        bench["target_vs_itself"] = [
+            {"concurrency": c, "round": rnd, "vs": f"concurrency {base_c}, round 1",
+             "requests_differing": len(differences(o, out[("target", base_c, 1)]))}
+            for (name, c, rnd), o in sorted(out.items(), key=lambda kv: (kv[0][2], kv[0][1]))
+            if name == "target" and (c, rnd) != (base_c, 1) and ("target", base_c, 1) in out]
         save()
         gaps = bench["first_difference_top2"] = []
         for e in eq:
@@ -475,7 +568,7 @@ def stage_bench(deadline: float, chain: list[str], rounds: int = 3, decode_refer
                 gaps.append({"server": e["server"], "concurrency": e["concurrency"], "round": e["round"],
                              "prompt": d["prompt"], "at": d["first_diff_at"], **g})
         save()
-        if left(deadline) > 60:
+        if complete and "eaglebox_bench" not in bench and left(deadline) > 60:
             rc = eaglebox("bench", f"bench.url={servers['trained'].url}", "bench.concurrency=[16]", *chain,
                           timeout=left(deadline) - 20)
             bj = Path(cfg.bench.output_dir) / "bench.json"
@@ -483,10 +576,15 @@ def stage_bench(deadline: float, chain: list[str], rounds: int = 3, decode_refer
             if bench["eaglebox_bench"]["report"]:
                 bench["eaglebox_bench"]["report"].pop("outputs", None)
             save()
+        stopped = not keep or complete
     finally:
-        for srv in servers.values():
-            srv.stop()
-    summarize(bench)
+        summarize(bench)
+        if stopped or not keep:
+            for srv in servers.values():
+                srv.stop()
+            pids_file.unlink(missing_ok=True)
+        else:
+            log(f"bench: servers left running for the next call: {json.loads(pids_file.read_text())}")
 
 
 def summarize(bench: dict) -> None:
@@ -542,7 +640,14 @@ def main() -> None:
     ap.add_argument("--chain", default=None, help="num_steps,eagle_topk,num_draft_tokens for the bench (default: the config's)")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-decode-reference", action="store_true",
-                    help="skip the random-weights Llama-3.1-8B server (--load-format dummy) of round 1")
+                    help="skip the random-weights Llama-3.1-8B server (--load-format dummy) of round 1 (skipped "
+                         "anyway on a GPU of under 100 GB: four 8B-sized servers do not fit an H100's 80 GB)")
+    ap.add_argument("--target-steps", type=int, default=500, help="LM training steps of the shallow target")
+    ap.add_argument("--keep-servers", action="store_true",
+                    help="leave the bench servers running when the measurements do not all fit this call; the "
+                         "next call on the still-warm machine attaches to them")
+    ap.add_argument("--min-bench-s", type=float, default=200,
+                    help="start the bench only with this much of the deadline left")
     ap.add_argument("--config", type=Path, default=CONFIG)
     ap.add_argument("--work", type=Path, default=WORK, help="logs, the random draft, served.json across calls")
     a = ap.parse_args()
@@ -550,11 +655,13 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     (WORK / "logs").mkdir(parents=True, exist_ok=True)
     prev = WORK / "served.json"
+    if (WORK / "served.log").exists():
+        shutil.copy(WORK / "served.log", OUT / "served.log")
     if prev.exists():
         RESULT.update(json.loads(prev.read_text()))
     RESULT.setdefault("calls", []).append({"started": time.strftime("%Y-%m-%d %H:%M:%S"), "argv": sys.argv[1:]})
     try:
-        target = stage_target()
+        target = stage_target(a.target_steps)
         if target is not None:
             check_pass_through(target)
         write_data()
@@ -568,12 +675,18 @@ def main() -> None:
                 if p.exists():
                     RESULT["train_report"] = json.loads(p.read_text())
             save()
-        if trained and a.stage != "data" and left(a.deadline_s) > 200:
+        if trained and a.stage != "data" and left(a.deadline_s) > a.min_bench_s:
             chain = []
             if a.chain:
                 n, k, d = a.chain.split(",")
                 chain = [f"serve.num_steps={n}", f"serve.eagle_topk={k}", f"serve.num_draft_tokens={d}"]
-            stage_bench(a.deadline_s, chain, a.rounds, not a.no_decode_reference)
+            gpu_bytes = torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else 0
+            reference = not a.no_decode_reference and gpu_bytes > 100e9
+            if not a.no_decode_reference and not reference:
+                RESULT["decode_reference_skipped"] = (f"GPU of {gpu_bytes / 1e9:.0f} GB: a fourth 8B-sized server "
+                                                      "(random-weights Llama-3.1-8B) does not fit beside the three")
+                log("bench: " + RESULT["decode_reference_skipped"])
+            stage_bench(a.deadline_s, chain, a.rounds, reference, a.keep_servers)
         elif trained:
             log(f"bench: {left(a.deadline_s):.0f} s left; run again on the warm machine to bench")
     except Exception as err:
