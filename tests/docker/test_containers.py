@@ -133,8 +133,8 @@ RANDOM_DRAFT = """
 from pathlib import Path
 import sys
 from eaglebox.config import load_config
-from eaglebox.stages.check import export_random_draft
-print(export_random_draft(load_config(sys.argv[1], sys.argv[2:]), Path("/data/random-draft")))
+from eaglebox.train.control import export_control_draft
+print(export_control_draft(Path("/data/train/draft"), Path("/data/random-draft"), load_config(sys.argv[1], sys.argv[2:]).train.seed))
 """
 
 

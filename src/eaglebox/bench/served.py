@@ -1,16 +1,14 @@
-"""Served acceptance and throughput: the same held-out prompts against target + draft and target alone.
+"""Served acceptance and throughput of one request set (``bench/rounds.py`` runs them side by side).
 
 AL per request is ``completion_tokens / spec_verify_ct`` from SGLang's response; acceptance per
 draft position comes from SGLang's per-request histogram of accepted draft tokens a verify step.
 Both are counted on the request, so DP attention (each request in one attention group) leaves them as
 they are (docs/conventions.md, "DP attention while serving").
-Throughput is completion tokens over wall time at each concurrency level, measured for both
-servers with the same engine flags, one after the other on the same machine.
+Throughput is completion tokens over wall time.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,8 +16,6 @@ from pathlib import Path
 import requests
 
 from eaglebox.draft.offline import per_position
-from eaglebox.engine.launch import server_for
-from eaglebox.shards.spec import engine_version
 
 
 def histogram_to_accepted(hist: list[int]) -> list[int]:
@@ -55,36 +51,9 @@ def acceptance(meta: list[dict], num_steps: int) -> dict:
             "accept_rate_per_position": per_position(accepted, num_steps)}
 
 
-def bench_served(cfg, prompts: list[list[int]], out_dir: Path, log=print) -> dict:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    b = cfg.bench
-    runs = {}
-    if b.url:
-        runs["speculative"] = [run_prompts(b.url.rstrip("/"), prompts, b.max_new_tokens, c) for c in b.concurrency]
-    else:
-        for mode in ("plain", "speculative"):
-            with server_for(cfg, mode, out_dir / f"{mode}-server.log") as srv:
-                log(f"bench: {mode} server healthy after {srv.startup_s:.1f} s")
-                runs[mode] = [run_prompts(srv.url, prompts, b.max_new_tokens, c) for c in b.concurrency]
-    spec = runs["speculative"]
-    plain = runs.get("plain")
-    report = {
-        "engine": "sglang", "engine_version": engine_version(), "draft": str(cfg.serve.draft_path),
-        "server": b.url or "started by the bench", "num_steps": cfg.serve.num_steps, "eagle_topk": cfg.serve.eagle_topk,
-        "num_draft_tokens": cfg.serve.num_draft_tokens, "prompts": len(prompts), "max_new_tokens": b.max_new_tokens,
-        "acceptance": acceptance(spec[0]["meta"], cfg.serve.num_steps),
-        "outputs_equal_target_greedy": spec[0]["outputs"] == plain[0]["outputs"] if plain else None,
-        "throughput": [{"concurrency": s["concurrency"], "speculative_tokens_per_s": s["tokens_per_s"],
-                        "target_tokens_per_s": p["tokens_per_s"] if p else None,
-                        "speedup": round(s["tokens_per_s"] / p["tokens_per_s"], 3) if p else None}
-                       for s, p in zip(spec, plain or [None] * len(spec))],
-    }
-    (out_dir / "bench.json").write_text(json.dumps(report, indent=1) + "\n")
-    plot_bench(report, out_dir / "bench.png")
-    return report
-
-
 def plot_bench(report: dict, path: Path) -> Path:
+    """AL per request and per draft position of the first speculative measurement; speed-up (median
+    over rounds) per concurrency for each variant."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -97,14 +66,16 @@ def plot_bench(report: dict, path: Path) -> Path:
     rates = [x or 0.0 for x in a["accept_rate_per_position"]]  # None: position never reached
     axes[1].bar(range(1, len(rates) + 1), rates)
     axes[1].set(title="acceptance per draft position", xlabel="draft position", ylim=(0, 1))
-    t = report["throughput"]
-    x = range(len(t))
-    axes[2].bar([i - 0.2 for i in x], [r["target_tokens_per_s"] or 0 for r in t], width=0.4, label="target alone")
-    axes[2].bar([i + 0.2 for i in x], [r["speculative_tokens_per_s"] for r in t], width=0.4, label="EAGLE-3")
-    axes[2].set(title="tok/s", xticks=list(x), xticklabels=[f"c={r['concurrency']}" for r in t])
-    axes[2].legend()
-    fig.suptitle(f"SGLang {report['engine_version']}, steps {report['num_steps']} / topk {report['eagle_topk']} / "
-                 f"{report['num_draft_tokens']} draft tokens")
+    rows = [r for r in report["summary"]["per_variant"] if r["speedup_median"] is not None]
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        pts = [(r["concurrency"], r["speedup_median"]) for r in rows if r["variant"] == name]
+        axes[2].plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=name)
+    axes[2].axhline(1.0, color="grey", lw=0.8)
+    axes[2].set(title="speed-up vs target alone (median of rounds)", xlabel="concurrency", xscale="log")
+    if rows:
+        axes[2].legend(fontsize=7)
+    fig.suptitle(f"SGLang {report['engine_version']} on {report['device']}, {report['prompts']} prompts, "
+                 f"{report['max_new_tokens']} new tokens, greedy")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

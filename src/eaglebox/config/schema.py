@@ -235,6 +235,17 @@ class ServeConfig(Section):
     was trained on and this serving launch; any other difference is refused."""
 
 
+class Chain(Section):
+    """One draft-tree setting SGLang serves with (``--speculative-num-steps / -eagle-topk /
+    -num-draft-tokens``)."""
+    num_steps: int = Field(ge=1)
+    eagle_topk: int = Field(ge=1)
+    num_draft_tokens: int = Field(ge=2)
+
+    def label(self) -> str:
+        return f"{self.num_steps}/{self.eagle_topk}/{self.num_draft_tokens}"
+
+
 class BenchConfig(Section):
     prompts: Path | None = None
     """Held-out prompts (same dataset formats as extract); None takes extract's dataset tail."""
@@ -245,7 +256,17 @@ class BenchConfig(Section):
     output_dir: Path = Path("runs/bench")
     url: str | None = None
     """A running target + draft server to measure (the compose ``target`` service). None starts the
-    target alone and then target + draft, one after the other, for a side-by-side baseline."""
+    target alone and the speculative servers beside it and measures them in alternating rounds."""
+    rounds: int = Field(3, ge=1)
+    """Rounds of target / speculative measurements; the report gives each ratio's median and worst."""
+    chains: list[Chain] = []
+    """Chain settings to sweep (the best per concurrency is reported); empty: the serve section's."""
+    control: bool = True
+    """Also serve the random-weights control draft (same shape and vocabulary) at the first chain."""
+    servers_at_once: int = Field(3, ge=2)
+    """Servers alive at once, the target's included (each holds the target's weights)."""
+    min_requests: int | None = Field(None, ge=1)
+    """At concurrency c, send max(c, this) of the prompts; None sends all ``num_prompts`` at every level."""
 
 
 class Config(Section):

@@ -102,6 +102,23 @@ def draft_config(spec: DraftSpec, provenance: dict) -> dict:
     return cfg
 
 
+def exported_spec(path: Path) -> DraftSpec:
+    """The :class:`DraftSpec` an exported draft was written from (:func:`draft_config`'s inverse)."""
+    c = json.loads((Path(path) / "config.json").read_text())
+    arch = ARCHITECTURES[c["architectures"][0]]
+    mla = {k: c[k] for k in MLA_DIMS} if arch == "deepseek_mla" else {}
+    heads = c["num_attention_heads"]
+    return DraftSpec(
+        hidden_size=c["hidden_size"], target_hidden_size=c["target_hidden_size"],
+        num_aux=len(c["eagle_config"]["eagle_aux_hidden_state_layer_ids"]), num_attention_heads=heads,
+        num_key_value_heads=c.get("num_key_value_heads", heads),
+        head_dim=c.get("head_dim") or mla["qk_nope_head_dim"] + mla["qk_rope_head_dim"],
+        intermediate_size=c["intermediate_size"], vocab_size=c["vocab_size"], draft_vocab_size=c["draft_vocab_size"],
+        rms_norm_eps=c["rms_norm_eps"], rope_theta=c["rope_theta"], rope_scaling=c.get("rope_scaling"),
+        max_position_embeddings=c["max_position_embeddings"], architecture=arch, fc_norm=c["fc_norm"],
+        norm_output=c["norm_output"], **mla)
+
+
 def export_draft(out_dir: Path, spec: DraftSpec, weights: dict[str, torch.Tensor], provenance: dict,
                  dtype: torch.dtype = torch.bfloat16) -> Path:
     """Write to a temporary directory, check it, then swap it in (:func:`replace_dir`; after a crash

@@ -46,6 +46,11 @@ class SGLangServer:
         self.startup_s: float | None = None
 
     def start(self) -> SGLangServer:
+        return self.launch().wait()
+
+    def launch(self) -> SGLangServer:
+        """Starts the process and returns at once (:meth:`wait` for health): servers sharing a GPU start
+        side by side."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         if _healthy(self.url):
             raise ServerError(f"something already answers on {self.url}; stop it or choose another engine.port")
@@ -57,6 +62,11 @@ class SGLangServer:
             preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         log.close()
+        self._t0 = t0
+        return self
+
+    def wait(self) -> SGLangServer:
+        t0 = self._t0
         try:
             while not _healthy(self.url):
                 if self.proc.poll() is not None:

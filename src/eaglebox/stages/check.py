@@ -17,27 +17,6 @@ from eaglebox.errors import EagleboxError
 RANDOM_CONTROL_MAX_AL = 1.3
 
 
-def export_random_draft(cfg, out: Path) -> Path:
-    """Same shape and vocabulary as the trained draft, weights as initialised (seeded)."""
-    import torch
-
-    from eaglebox.draft.sglang import export_draft, provenance
-    from eaglebox.draft.spec import draft_spec
-    from eaglebox.shards.format import ShardReader
-    from eaglebox.train.checkpoint import trainable_state
-    from eaglebox.train.model import Eagle3Draft
-    from eaglebox.train.vocab import build_vocab, token_counts
-
-    reader = ShardReader(cfg.extract.output_dir)
-    spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.header["layer_ids"]))
-    torch.manual_seed(cfg.train.seed + 1)
-    model = Eagle3Draft(spec)
-    d2t, t2d = build_vocab(token_counts(reader, spec.vocab_size), spec.draft_vocab_size)
-    model.d2t.copy_(d2t)
-    model.t2d.copy_(t2d)
-    return export_draft(out, spec, trainable_state(model), provenance(reader, cfg))
-
-
 def run_gate(cfg, log=print) -> dict:
     from eaglebox.draft.offline import evaluate_draft
     from eaglebox.extract.client import Client, capture, prepare
@@ -47,6 +26,7 @@ def run_gate(cfg, log=print) -> dict:
     from eaglebox.stages.extract import capture_server, corpus_report, staging_dir
     from eaglebox.target.tokenizer import load_tokenizer
     from eaglebox.target.weights import load_embed_and_head
+    from eaglebox.train.control import export_control_draft
     from eaglebox.train.loop import run_train
 
     if cfg.serve.eagle_topk != 1:
@@ -73,7 +53,7 @@ def run_gate(cfg, log=print) -> dict:
         samples = collect(client, prompts, cfg.bench.max_new_tokens, staging, spec)
     corpus = corpus_report(cfg, tok)  # what the AL is measured on: how varied the target's answers are
     embed, _ = load_embed_and_head(Path(cfg.model.path))
-    random_dir = export_random_draft(cfg, Path(cfg.train.output_dir) / "random-draft")
+    random_dir = export_control_draft(trained, Path(cfg.train.output_dir) / "random-draft", cfg.train.seed)
     report = {
         "trained": evaluate_draft(trained, embed, samples, cfg.serve.num_steps, spec["engine_version"]),
         "random_control": evaluate_draft(random_dir, embed, samples, cfg.serve.num_steps, spec["engine_version"]),
