@@ -308,9 +308,26 @@ def decode_ms(url: str, prompts: list[list[int]], new: int) -> float:
     return 1000 * (time.monotonic() - t0) / n
 
 
-def stage_decode_reference(rounds: int = 3, new: int = 128) -> None:
+def target_shape() -> Path:
+    """The padded target's config.json and tokenizer without weights (served with ``--load-format
+    dummy``): its decode cost, where no trained target exists (values do not change what a step reads)."""
+    from transformers import AutoTokenizer, LlamaConfig
+
+    d = WORK / "target-shape"
+    tok = AutoTokenizer.from_pretrained(CORPUS / "tokenizer")
+    tok.save_pretrained(d)
+    LlamaConfig(architectures=["LlamaForCausalLM"], vocab_size=len(tok), num_hidden_layers=LAYERS,
+                max_position_embeddings=4096, rms_norm_eps=1e-5,
+                rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, torch_dtype="bfloat16",
+                **WIDE).save_pretrained(d)
+    return d
+
+
+def stage_decode_reference(rounds: int = 3, new: int = 128, shape: Path | None = None) -> None:
     """Target and random-weights Llama-3.1-8B shape served plain side by side; ms/token at concurrency 1
-    in alternating rounds (the same token ids into both: every id is below both vocabularies)."""
+    in alternating rounds (the same token ids into both: every id is below both vocabularies). With
+    ``shape``, the target's shape with random weights stands in for the target."""
     from eaglebox.bench.rounds import server_cfg
     from eaglebox.engine.launch import server_for
     from eaglebox.engine.server import free_port
@@ -319,10 +336,11 @@ def stage_decode_reference(rounds: int = 3, new: int = 128) -> None:
 
     if "decode_reference" in RESULT:
         return
-    cfg = cfg_now()
+    dummy = "engine.extra_args=" + json.dumps([*cfg_now().engine.extra_args, "--load-format", "dummy",
+                                                "--skip-tokenizer-init"])
+    cfg = cfg_now() if shape is None else cfg_now(f"model.path={shape}", dummy)
     prompts = heldout_prompts(cfg, load_tokenizer(cfg))[:4]
-    ref_cfg = cfg_now(f"model.path={llama8b_shape()}", "engine.extra_args=" + json.dumps(
-        [*cfg.engine.extra_args, "--load-format", "dummy", "--skip-tokenizer-init"]))
+    ref_cfg = cfg_now(f"model.path={llama8b_shape()}", dummy)
     servers = {"target": server_for(server_cfg(cfg, free_port(), None), "plain", WORK / "logs" / "decode-target.log"),
                "llama8b_random": server_for(server_cfg(ref_cfg, free_port(), None), "plain",
                                             WORK / "logs" / "decode-llama8b.log")}
@@ -342,7 +360,7 @@ def stage_decode_reference(rounds: int = 3, new: int = 128) -> None:
         for s in servers.values():
             s.stop()
     ratios = sorted(r["target_over_llama8b"] for r in rows)
-    RESULT["decode_reference"] = {"concurrency": 1, "requests": len(prompts), "new_tokens": new, "rounds": rows,
+    RESULT["decode_reference"] = {"target": "its shape, random weights" if shape else "the trained target", "concurrency": 1, "requests": len(prompts), "new_tokens": new, "rounds": rows,
                                   "ratio_median": ratios[len(ratios) // 2],
                                   "ratio_farthest_from_1": max(ratios, key=lambda x: abs(x - 1))}
     save()
@@ -359,6 +377,10 @@ def work(a) -> None:
                                              "torch": torch.__version__})
     save()
     try:
+        if a.decode_reference_only:
+            write_data()
+            stage_decode_reference(shape=target_shape())
+            return
         stage_target(a)
         write_data()
         cfg = cfg_now()
@@ -442,6 +464,8 @@ def main() -> None:
     ap.add_argument("--extract-override", dest="extract_overrides", action="append", default=[],
                     help="config overrides for extraction alone (e.g. a larger KV pool: it runs alone on the GPU)")
     ap.add_argument("--no-decode-reference", dest="decode_reference", action="store_false")
+    ap.add_argument("--decode-reference-only", action="store_true",
+                    help="only the decode cost: the target's shape and Llama-3.1-8B's, random weights, side by side")
     ap.add_argument("--smoke", action="store_true",
                     help="on the CPU, a tiny width and no bench (pass a CPU --config): the flow, not the figures")
     ap.add_argument("--work", type=Path, default=WORK)
