@@ -11,17 +11,17 @@ import struct
 import pytest
 import torch
 
+from conftest import small_spec
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.extract.client import ExtractError, Planned, commit_shard, verify_staged
 from eaglebox.shards.format import FORMAT, ShardError, ShardReader, save_manifest
 
-SPEC = {"engine_version": "0.5.23", "captured_layer_inputs": [1, 2, 3], "hidden_size": 4, "layer_ids": [0, 1, 2],
-        "dtype": "bfloat16"}
+SPEC = small_spec()
 IDS = [5, 6, 7, 8]
 
 
 def stage(tmp_path, sid="a"):
-    sink = CaptureSink(tmp_path / "staging", header={k: SPEC[k] for k in ("engine_version", "captured_layer_inputs")})
+    sink = CaptureSink(tmp_path / "staging", header={"engine_version": "0.5.23", "captured_layer_inputs": [1, 2, 3]})
     sink.add_chunk(f"eaglebox-{sid}-0", sid, IDS, torch.randn(4, 12).bfloat16(), torch.randn(4, 4).bfloat16())
     sink.flush()
     return tmp_path / "staging" / f"{sid}.safetensors", Planned(sid, 1, IDS, [0, 1, 1, 1])
@@ -44,7 +44,7 @@ def commit(tmp_path, planned):
     out = tmp_path / "out"
     out.mkdir()
     entry = commit_shard(out, 0, planned, tmp_path / "staging", SPEC)
-    save_manifest(out, {"format": FORMAT, "capture": SPEC, "shards": [entry]})
+    save_manifest(out, {"format": FORMAT, "capture": SPEC.header(), "shards": [entry]})
     return out
 
 

@@ -29,7 +29,7 @@ def export_random_draft(cfg, out: Path) -> Path:
     from eaglebox.train.vocab import build_vocab, token_counts
 
     reader = ShardReader(cfg.extract.output_dir)
-    spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.header["layer_ids"]))
+    spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.capture.layer_ids))
     torch.manual_seed(cfg.train.seed + 1)
     model = Eagle3Draft(spec)
     d2t, t2d = build_vocab(token_counts(reader, spec.vocab_size), spec.draft_vocab_size)
@@ -75,8 +75,8 @@ def run_gate(cfg, log=print) -> dict:
     embed, _ = load_embed_and_head(Path(cfg.model.path))
     random_dir = export_random_draft(cfg, Path(cfg.train.output_dir) / "random-draft")
     report = {
-        "trained": evaluate_draft(trained, embed, samples, cfg.serve.num_steps, spec["engine_version"]),
-        "random_control": evaluate_draft(random_dir, embed, samples, cfg.serve.num_steps, spec["engine_version"]),
+        "trained": evaluate_draft(trained, embed, samples, cfg.serve.num_steps, spec.engine_version),
+        "random_control": evaluate_draft(random_dir, embed, samples, cfg.serve.num_steps, spec.engine_version),
         "min_accept_length": cfg.bench.min_accept_length,
         "random_control_max_accept_length": RANDOM_CONTROL_MAX_AL,
         "corpus": corpus,
