@@ -65,8 +65,8 @@ def test_staged_header_changed_on_disk(tmp_path):
     raw = path.read_bytes()
     assert raw.count(b"0.5.23") == 1
     path.write_bytes(raw.replace(b"0.5.23", b"0.5.99"))  # same length: still a valid file
-    with pytest.raises(ExtractError, match=f"{path}: the server reports engine_version=0.5.99, the capture spec says "
-                                           "0.5.23"):
+    with pytest.raises(ExtractError, match=f"{path}: the server reports engine_version='0.5.99', the capture spec says "
+                                           "engine_version='0.5.23'"):
         verify_staged(path, p, SPEC)
     path.write_bytes(raw.replace(b"[1, 2, 3]", b"[1, 2, 4]"))
     with pytest.raises(ExtractError, match=r"captured_layer_inputs=\[1, 2, 4\]"):

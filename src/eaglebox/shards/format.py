@@ -294,6 +294,7 @@ class ShardReader:
             raise ShardError(f"{self.dir}: no {MANIFEST}; run `eaglebox extract` first")
         self.manifest = manifest
         self.capture = CaptureSpec.load(manifest["capture"], self.dir / MANIFEST)
+        self.header = manifest["capture"]  # as recorded: bench/parity.py and tools/h200 still read it by key
         self.index: list[tuple[Path, int, int, int, str]] = []  # (sample file, shard, row offset, rows, sha256)
         self._ids, self._masks = [], []
         for si, shard in enumerate(manifest["shards"]):
