@@ -119,7 +119,7 @@ def shards(tiny_target, tmp_path_factory) -> Path:
     spec = capture_spec(cfg)
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
     out = tmp_path_factory.mktemp("ranks") / "shards"
-    write_shards(out, spec, spec.hidden_size, len(spec.layer_ids), hf["vocab_size"])
+    write_shards(out, spec, spec.hidden_size, len(spec.layers.layer_ids), hf["vocab_size"])
     return out
 
 

@@ -53,7 +53,7 @@ def capture(target: Path, layer_ids: list[int], out: Path, num_samples: int = 4)
         for line, row in enumerate(rows, 1):
             ids = tok.apply_chat_template(row["messages"], tokenize=True, return_dict=False)[:96]
             hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-            aux = torch.cat([hs[i][0] for i in spec.captured_layer_inputs], -1).bfloat16()
+            aux = torch.cat([hs[i][0] for i in spec.layers.captured_layer_inputs], -1).bfloat16()
             sink.add_chunk(f"rid-{line}", row["id"], ids, aux, hs[-1][0].bfloat16())
             planned.append(Planned(row["id"], line, ids, [0] + [1] * (len(ids) - 1)))
     sink.flush()

@@ -35,7 +35,7 @@ def features(sid: str, rows: int, width: int, hidden: int) -> tuple[torch.Tensor
 
 def write_shards(out, staging, spec: CaptureSpec, samples: list[list[int]], shard_size: int) -> list[Planned]:
     """Capture ``samples`` through the real sink and commit them as the client does."""
-    H, k = spec.hidden_size, len(spec.layer_ids)
+    H, k = spec.hidden_size, len(spec.layers.layer_ids)
     sink = CaptureSink(staging, header=spec.sample_header())
     planned = [Planned(f"{i:032x}", i + 1, ids, [0] + [1] * (len(ids) - 1)) for i, ids in enumerate(samples)]
     for p in planned:
@@ -145,7 +145,7 @@ class CaptureStandIn:
     def __init__(self, staging, spec):
         self.sink = CaptureSink(staging, header=spec.sample_header())
         self.captured: list[str] = []
-        H, k = spec.hidden_size, len(spec.layer_ids)
+        H, k = spec.hidden_size, len(spec.layers.layer_ids)
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):

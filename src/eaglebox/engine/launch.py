@@ -7,7 +7,7 @@
 
 All three share :func:`base_args`: the same engine flags capture the features and serve the draft;
 :func:`hidden_state_options` is what of them the capture spec records. Capture takes the layer ids
-the command computed (``capture_spec(cfg).layer_ids``); the target is read only for its
+the command computed (``capture_spec(cfg).layers.layer_ids``); the target is read only for its
 attention kind (the CPU backend) and dtype.
 """
 

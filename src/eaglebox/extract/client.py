@@ -194,7 +194,7 @@ def check_resume(cfg, planned: list[Planned], spec: CaptureSpec) -> dict | None:
     if manifest is not None and (diffs := spec.diff(manifest["capture"])):
         raise ExtractError(f"{out}: its shards were captured with {describe(diffs, 1)}, this run would capture with "
                            f"{describe(diffs, 0)}; use another extract.output_dir")
-    bpt = bytes_per_token(spec.hidden_size, len(spec.layer_ids), spec.dtype_bytes)
+    bpt = bytes_per_token(spec.hidden_size, len(spec.layers.layer_ids), spec.dtype_bytes)
     shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
     done = {s["file"] for s in (manifest or {}).get("shards", [])}
     todo_tokens = sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) not in done for p in sh)
@@ -216,7 +216,7 @@ def check_disk_before_regeneration(cfg, rows: list[Row], tokenizer, spec: Captur
             raise ExtractError(f"{e.dataset}: line {row.line}: {err}") from err
         turns = sum(m["role"] == "assistant" for m in row.messages or [])
         lengths.append(min(e.max_length, len(ids) - sum(mask) * (turns > 0) + turns * (e.regenerate_max_new_tokens + 8)))
-    bpt = bytes_per_token(spec.hidden_size, len(spec.layer_ids), spec.dtype_bytes)
+    bpt = bytes_per_token(spec.hidden_size, len(spec.layers.layer_ids), spec.dtype_bytes)
     check_disk(Path(e.output_dir), sum(lengths), bpt)
 
 
@@ -364,7 +364,7 @@ def run_extract(cfg, url: str, spec: CaptureSpec, planned: list[Planned], manife
                initial=sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) in done for p in sh))
     to_capture = any(shard_name(i) not in done for i in range(len(shards)))
     speed = Throughput(disk_write_rate(staging) if to_capture else None,
-                       (len(spec.layer_ids) + 1) * spec.hidden_size * spec.dtype_bytes)
+                       (len(spec.layers.layer_ids) + 1) * spec.hidden_size * spec.dtype_bytes)
 
     manifest["samples"] = sum(len(s["samples"]) for s in manifest["shards"])
     manifest["tokens"] = sum(r["rows"] for s in manifest["shards"] for r in s["samples"])
@@ -525,7 +525,7 @@ def verify_staged(path: Path, p: Planned, spec: CaptureSpec, bound: float | None
         raise ExtractError(f"{path}: the server ran other token ids than were sent for line {p.line}")
     if not (shapes[0][0] == shapes[1][0] == len(p.input_ids)):
         raise ExtractError(f"{path}: {shapes[0][0]} rows for a {len(p.input_ids)}-token prompt")
-    H, k = spec.hidden_size, len(spec.layer_ids)
+    H, k = spec.hidden_size, len(spec.layers.layer_ids)
     if shapes[0][1] != k * H or shapes[1][1] != H or dtypes != {DTYPE_CODES[getattr(torch, spec.dtype)]}:
         raise ExtractError(f"{path}: aux {shapes[0]} / last {shapes[1]} {sorted(dtypes)} do not match the capture "
                            f"spec ({k} x {H}, {spec.dtype})")
@@ -553,7 +553,7 @@ def feature_bound(model_path: Path) -> float:
 def check_health(path: Path, max_abs: list[float], spec: CaptureSpec, bound: float | None) -> None:
     """Refuse a sample whose features a correct forward cannot have produced: a non-finite or all-zero
     layer, or one beyond ``bound`` (:func:`feature_bound`; None: not checked)."""
-    names = [f"the input of layer {i}" for i in spec.captured_layer_inputs] + ["the last hidden state"]
+    names = [f"the input of layer {i}" for i in spec.layers.captured_layer_inputs] + ["the last hidden state"]
     opts = spec.engine_options
     cause = (f"likely cause: the engine computes this target wrongly with attention backend "
              f"{opts.attention_backend or 'SGLang default'} in {opts.dtype}"

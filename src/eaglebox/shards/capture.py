@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
 from eaglebox.errors import EagleboxError
 
@@ -69,22 +69,42 @@ class EngineOptions(Frozen):
         return out
 
 
-class CaptureSpec(Frozen):
+class Layers(Frozen):
     """``layer_ids``: what SGLang is given (capture flag, draft config); ``captured_layer_inputs``: the
     layers whose inputs the target class then hooks, by its architecture's ``layer_rule``."""
 
-    engine: str
-    engine_version: str
     architecture: str
     layer_rule: str
     layer_ids: tuple[int, ...]
     captured_layer_inputs: tuple[int, ...]
+
+
+class CaptureSpec(Frozen):
+    """The engine, the layers, the target and the options that make its hidden states; the feature
+    files' layout. On disk the layer fields sit at the top level, as eaglebox has always written them."""
+
+    engine: str
+    engine_version: str
+    layers: Layers
     hidden_size: int = Field(json_schema_extra=LAYOUT)
     num_layers: int = Field(json_schema_extra=LAYOUT)
     dtype: str = Field(json_schema_extra=LAYOUT)
     dtype_bytes: int = Field(json_schema_extra=LAYOUT)
     target: TargetFingerprint
     engine_options: EngineOptions
+
+    @model_validator(mode="before")
+    @classmethod
+    def _nest_layers(cls, data):
+        part = cls.model_fields["layers"].annotation.model_fields
+        if isinstance(data, dict) and "layers" not in data:
+            data = {k: v for k, v in data.items() if k not in part} | {"layers": {k: data[k] for k in part if k in data}}
+        return data
+
+    @model_serializer(mode="wrap")
+    def _flat_layers(self, handler):
+        out = handler(self)
+        return {k: v for k, v in out.items() if k != "layers"} | out["layers"]
 
     @classmethod
     def load(cls, recorded: dict, where) -> CaptureSpec:

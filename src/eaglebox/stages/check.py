@@ -29,7 +29,7 @@ def export_random_draft(cfg, out: Path) -> Path:
     from eaglebox.train.vocab import build_vocab, token_counts
 
     reader = ShardReader(cfg.extract.output_dir)
-    spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.capture.layer_ids))
+    spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.capture.layers.layer_ids))
     torch.manual_seed(cfg.train.seed + 1)
     model = Eagle3Draft(spec)
     d2t, t2d = build_vocab(token_counts(reader, spec.vocab_size), spec.draft_vocab_size)

@@ -67,7 +67,7 @@ def run_train(cfg, expected: CaptureSpec, log=print) -> Path:
     out = Path(t.output_dir)
     reader = ShardReader(cfg.extract.output_dir)
     check_header(reader.capture, expected, Path(cfg.extract.output_dir))
-    spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.capture.layer_ids))
+    spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.capture.layers.layer_ids))
     model = Eagle3Draft(spec)
     embed, head = load_embed_and_head(Path(cfg.model.path))
     model.embed_tokens.to(embed.dtype)  # frozen: kept in the target's dtype, as SGLang serves it
