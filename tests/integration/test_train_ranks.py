@@ -60,7 +60,7 @@ def write_shards(out: Path, spec, hidden: int, num_aux: int, vocab: int) -> None
             sids.append(sid)
         digest, size = write_index(out / shard_name(si), ids, masks, sids, spec)
         shards.append({"file": shard_name(si), "sha256": digest, "bytes": size, "samples": entries})
-    save_manifest(out, {"format": FORMAT, "capture": spec.header(), "shards": shards})
+    save_manifest(out, {"format": FORMAT, "capture": spec.as_json(), "shards": shards})
 
 
 def record_reads_then_train(argv: list[str]) -> int:

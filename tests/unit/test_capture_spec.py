@@ -33,7 +33,7 @@ class WithKernel(CaptureSpec):
 
 
 def wider(**changes) -> WithKernel:
-    return WithKernel.model_validate({**small_spec().header(), **changes})
+    return WithKernel.model_validate({**small_spec().as_json(), **changes})
 
 
 def stage_and_commit(tmp_path, spec: CaptureSpec):
@@ -46,7 +46,7 @@ def stage_and_commit(tmp_path, spec: CaptureSpec):
     out = tmp_path / "out"
     out.mkdir()
     entry = commit_shard(out, 0, [planned], tmp_path / "staging", spec)
-    save_manifest(out, {"format": FORMAT, "capture": spec.header(), "shards": [entry]})
+    save_manifest(out, {"format": FORMAT, "capture": spec.as_json(), "shards": [entry]})
     return out, entry, planned
 
 
@@ -55,8 +55,8 @@ def test_diff_names_every_difference_by_dotted_field_and_honours_allow():
     b = small_spec(layer_ids=[1, 2, 3], engine_options={**a.engine_options.model_dump(), "tp": 2})
     assert a.diff(a) == {}
     assert a.diff(b) == {"engine_options.tp": (1, 2), "layer_ids": ([0, 1, 2], [1, 2, 3])}
-    assert a.diff(b.header(), allow=["engine_options"]) == {"layer_ids": ([0, 1, 2], [1, 2, 3])}
-    assert set(a.provenance()) == set(a.header()) - {"hidden_size", "num_layers", "dtype", "dtype_bytes"}
+    assert a.diff(b.as_json(), allow=["engine_options"]) == {"layer_ids": ([0, 1, 2], [1, 2, 3])}
+    assert set(a.provenance()) == set(a.as_json()) - {"hidden_size", "num_layers", "dtype", "dtype_bytes"}
 
 
 @pytest.mark.parametrize("field, value, name", [
@@ -110,3 +110,13 @@ def test_files_written_before_keep_loading_and_unknown_ones_are_refused_in_one_l
                                             r"\(engine_options.ep not as this one records them\); extract again"):
         ShardReader(out)
 
+
+def test_the_capture_server_is_given_the_whole_spec(tiny_target, tmp_path):
+    from conftest import config_for_model
+    from eaglebox.engine.launch import launch_env
+    from eaglebox.shards.spec import capture_spec
+
+    cfg = config_for_model(tmp_path, tiny_target, "capture.layer_ids=[0, 1, 2]")
+    spec = capture_spec(cfg)
+    env = launch_env(cfg, "capture", tmp_path, spec.sample_header())
+    assert CaptureSpec.model_validate(json.loads(env["EAGLEBOX_CAPTURE_HEADER"])) == spec

@@ -22,7 +22,7 @@ def spec_with(tmp_path, model, *extra: str) -> CaptureSpec:
 
 def test_hidden_state_flags_in_extra_args_are_recorded_and_compared_at_serving(tiny_target, tmp_path):
     plain = spec_with(tmp_path, tiny_target)
-    assert "extra_args" not in plain.header()["engine_options"]
+    assert "extra_args" not in plain.as_json()["engine_options"]
     captured = spec_with(tmp_path, tiny_target, "--prefill-attention-backend", "triton", "--pp-size", "2",
                          "--moe-a2a-back=deepep")  # abbreviated, as SGLang's own parser accepts
     assert captured.engine_options.extra_args == {"moe_a2a_backend": "deepep", "pp_size": 2,

@@ -59,7 +59,7 @@ def capture(target: Path, layer_ids: list[int], out: Path, num_samples: int = 4)
     sink.flush()
     out.mkdir()
     entry = commit_shard(out, 0, planned, staging, spec)
-    save_manifest(out, {"format": FORMAT, "capture": spec.header(), "shards": [entry]})
+    save_manifest(out, {"format": FORMAT, "capture": spec.as_json(), "shards": [entry]})
     return out
 
 

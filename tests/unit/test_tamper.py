@@ -44,7 +44,7 @@ def commit(tmp_path, planned):
     out = tmp_path / "out"
     out.mkdir()
     entry = commit_shard(out, 0, planned, tmp_path / "staging", SPEC)
-    save_manifest(out, {"format": FORMAT, "capture": SPEC.header(), "shards": [entry]})
+    save_manifest(out, {"format": FORMAT, "capture": SPEC.as_json(), "shards": [entry]})
     return out
 
 

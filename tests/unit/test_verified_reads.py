@@ -44,7 +44,7 @@ def write_shards(out, staging, spec: CaptureSpec, samples: list[list[int]], shar
     out.mkdir(parents=True, exist_ok=True)
     entries = [commit_shard(out, i, planned[a : a + shard_size], staging, spec)
                for i, a in enumerate(range(0, len(planned), shard_size))]
-    save_manifest(out, {"format": FORMAT, "capture": spec.header(), "shards": entries})
+    save_manifest(out, {"format": FORMAT, "capture": spec.as_json(), "shards": entries})
     return planned
 
 
@@ -121,7 +121,7 @@ def test_a_manifest_edited_to_claim_other_layers_is_refused(tmp_path):
                                          r"3\], layer_ids=\[0, 1, 2\]; manifest.json claims captured_layer_inputs="
                                          r"\[2, 3, 4\], layer_ids=\[1, 2, 3\]: the manifest was edited"):
         ShardReader(out)
-    manifest["capture"] = SPEC.header()
+    manifest["capture"] = SPEC.as_json()
     manifest["shards"][0]["samples"].reverse()  # the samples' order (offsets) no longer the index's
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match="shard-00000.safetensors: its sample ids or offsets differ"):

@@ -353,7 +353,7 @@ def run_extract(cfg, url: str, spec: CaptureSpec, planned: list[Planned], manife
     staging.mkdir(parents=True, exist_ok=True)
     for tmp in staging.glob(".*.tmp"):  # a writer killed mid-file; its sample is captured again
         tmp.unlink()
-    manifest = manifest or {"format": FORMAT, "capture": spec.header(), "shards": []}
+    manifest = manifest or {"format": FORMAT, "capture": spec.as_json(), "shards": []}
     manifest["dataset"] = {"path": str(e.dataset), "sha256": file_sha256(Path(e.dataset))}
     bound = feature_bound(cfg.model.path)
     for name in set_aside_damaged(out, manifest, e.concurrency, log):

@@ -12,7 +12,7 @@ def differences(draft: dict, spec: CaptureSpec, allowed: list[str]) -> list[str]
     """One line per item of the capture spec ``spec`` the draft's ``eaglebox`` block differs in (its
     :meth:`CaptureSpec.provenance`), naming it; engine options in ``allowed``
     (``serve.allow_engine_differences``) may differ."""
-    recorded = spec.header() | {k: draft.get(k) for k in spec.provenance()}  # the layout is not the draft's
+    recorded = spec.as_json() | {k: draft.get(k) for k in spec.provenance()}  # the layout is not the draft's
     target = draft.get("target") or {}
     stale_target = stale(target)
     out = [f"target fingerprint: the draft's was {stale_target}"] if stale_target is not None else []

@@ -96,6 +96,7 @@ class CaptureSpec(Frozen):
     @model_validator(mode="before")
     @classmethod
     def _nest_layers(cls, data):
+        """Files hold the layer fields at the top level."""
         part = cls.model_fields["layers"].annotation.model_fields
         if isinstance(data, dict) and "layers" not in data:
             data = {k: v for k, v in data.items() if k not in part} | {"layers": {k: data[k] for k in part if k in data}}
@@ -116,29 +117,30 @@ class CaptureSpec(Frozen):
             raise EagleboxError(f"{where}: its capture spec was written by another eaglebox ({bad} not as this "
                                 f"one records them); {REEXTRACT}") from None
 
-    def header(self) -> dict:
-        """The JSON object recorded in the manifest, each shard index and (in full) each sample."""
+    def as_json(self) -> dict:
+        """The JSON object recorded in the manifest and each shard index."""
         return self.model_dump(mode="json")
 
-    sample_header = header
-    """What the capture server writes into every sample (the server's own observations replace
-    :data:`SERVER_OBSERVES`)."""
+    def sample_header(self) -> dict:
+        """What the capture server writes into every sample: all of it, so each sample is checked on
+        every field (the server puts its own observations in place of :data:`SERVER_OBSERVES`)."""
+        return self.as_json()
 
     def provenance(self) -> dict:
         """What a draft keeps of the spec of the features it was trained on: all but the layout."""
         layout = {k for k, f in type(self).model_fields.items() if (f.json_schema_extra or {}).get("layout")}
-        return {k: v for k, v in self.header().items() if k not in layout}
+        return {k: v for k, v in self.as_json().items() if k not in layout}
 
     def digest_json(self) -> str:
         """The canonical text of the spec (sample ids are content addresses over it)."""
-        return json.dumps(self.header(), sort_keys=True)
+        return json.dumps(self.as_json(), sort_keys=True)
 
     def diff(self, other: CaptureSpec | dict, allow=()) -> dict[str, tuple[Any, Any]]:
         """Every difference from ``other`` (a spec, or a recorded JSON object), by dotted field name
         (``engine_options.tp``, ``target.weights_digest``), sorted, with (this value, the other's);
         names in ``allow``, or under them, are left out."""
-        theirs = other.header() if isinstance(other, CaptureSpec) else other
-        found = _diff(self, self.header(), theirs, "")
+        theirs = other.as_json() if isinstance(other, CaptureSpec) else other
+        found = _diff(self, self.as_json(), theirs, "")
         return {k: v for k, v in found.items() if not any(k == a or k.startswith(f"{a}.") for a in allow)}
 
     def diff_sample_header(self, recorded: dict) -> dict[str, tuple[Any, Any]]:
@@ -147,7 +149,7 @@ class CaptureSpec(Frozen):
         found = self.diff(recorded)
         if recorded.keys() <= SERVER_OBSERVES:
             return {k: v for k, v in found.items() if k in recorded}
-        return self.diff(recorded)
+        return found
 
 
 def _diff(model: BaseModel, mine: dict, theirs: dict, prefix: str) -> dict[str, tuple[Any, Any]]:

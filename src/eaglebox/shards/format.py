@@ -231,7 +231,7 @@ def write_index(path: Path, ids: list[list[int]], masks: list[list[int]], sample
         "loss_mask": [torch.tensor(m, dtype=torch.uint8) for m in masks],
         "offsets": [torch.tensor(offsets, dtype=torch.int64)],
     }
-    meta = {"eaglebox": json.dumps({"format": FORMAT, "header": capture.header(), "sample_ids": sample_ids}, sort_keys=True)}
+    meta = {"eaglebox": json.dumps({"format": FORMAT, "header": capture.as_json(), "sample_ids": sample_ids}, sort_keys=True)}
     return write_safetensors(path, tensors, meta, fsync=True)
 
 
