@@ -137,7 +137,6 @@ def serve(port: int, staging: Path, spec_path: Path) -> None:
     import torch
 
     from eaglebox.capture.sink import CaptureSink
-    from eaglebox.shards.format import SAMPLE_HEADER_KEYS
     from eaglebox.shards.requests import sample_id_from_rid
 
     spec = json.loads(spec_path.read_text())
@@ -147,7 +146,7 @@ def serve(port: int, staging: Path, spec_path: Path) -> None:
     pool_rows = 8192
     aux_pool = torch.randn(pool_rows + CHUNK, k * H, generator=g).to(dtype)
     last_pool = torch.randn(pool_rows + CHUNK, H, generator=g).to(dtype)
-    sink = CaptureSink(staging, header={key: spec[key] for key in SAMPLE_HEADER_KEYS})
+    sink = CaptureSink(staging, header=spec)  # the whole spec, as capture_spec(...).sample_header() gives it
     scheduler = threading.Lock()  # SGLang's scheduler is one thread: add_chunk is never called concurrently
     rng = random.Random(2)
 
@@ -266,9 +265,9 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
         for _ in range(n):
             dst.write(src.readline())
     info = {}
-    spec = {**capture_spec(cfg), "hidden_size": hidden}
+    spec = capture_spec(cfg).model_copy(update={"hidden_size": hidden})
     spec_path = work / "spec.json"
-    spec_path.write_text(json.dumps(spec))
+    spec_path.write_text(json.dumps(spec.sample_header()))
     staging = st.staging_dir(cfg)
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(staging), str(spec_path)],
                               stdout=subprocess.PIPE, stderr=open(work / "server.log", "w"), text=True)

@@ -30,7 +30,20 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 H, K, SEQ = 4096, 3, 2048
-HEADER = {"engine": "sglang", "engine_version": "0.5.23", "captured_layer_inputs": [2, 16, 29]}
+
+
+def capture():
+    """A Llama-3.1-8B-shaped capture spec (the reads do not depend on its values, only on its shape)."""
+    from eaglebox.shards.capture import CaptureSpec
+
+    return CaptureSpec.model_validate({
+        "engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_rule": "plus_one",
+        "layer_ids": [1, 15, 28], "captured_layer_inputs": [2, 16, 29], "hidden_size": H, "num_layers": 32,
+        "dtype": "bfloat16", "dtype_bytes": 2,
+        "target": {"config_sha256": "c" * 64, "tokenizer_sha256": "t" * 64, "weights_digest": "w" * 64,
+                   "weights_algorithm": "sha256-tree-16MiB"},
+        "engine_options": {"quantization": None, "dtype": "bfloat16", "attention_backend": None,
+                           "moe_runner_backend": None, "kv_cache_dtype": None, "tp": 1, "dp": 1, "ep": 1}})
 
 
 DROP = False
@@ -54,6 +67,7 @@ def write_shards(out: Path, n: int, shard_size: int = 16) -> None:
     from eaglebox.capture.sink import write_sample
     from eaglebox.shards.format import FORMAT, save_manifest, shard_dir, shard_name, write_index
 
+    spec = capture()
     g = torch.Generator().manual_seed(0)
     aux, last = torch.randn(SEQ, K * H, generator=g).bfloat16(), torch.randn(SEQ, H, generator=g).bfloat16()
     shards = []
@@ -64,14 +78,14 @@ def write_shards(out: Path, n: int, shard_size: int = 16) -> None:
         for i in range(si, min(n, si + shard_size)):
             ids = torch.randint(0, 128256, (SEQ,), generator=g).tolist()
             aux[0, 0] = i  # every sample's bytes its own
-            digest, _, _ = write_sample(folder / f"{i:08d}.safetensors", ids, [aux], [last], HEADER)
+            digest, _, _ = write_sample(folder / f"{i:08d}.safetensors", ids, [aux], [last], spec.sample_header())
             samples.append({"id": f"{i:08d}", "file": f"{folder.name}/{i:08d}.safetensors",
                             "offset": len(ids_all) * SEQ, "rows": SEQ, "sha256": digest})
             ids_all.append(ids)
         digest, size = write_index(out / shard_name(si // shard_size), ids_all, [[1] * SEQ] * len(ids_all),
-                                   [s["id"] for s in samples], HEADER)
+                                   [s["id"] for s in samples], spec)
         shards.append({"file": shard_name(si // shard_size), "sha256": digest, "bytes": size, "samples": samples})
-    save_manifest(out, {"format": FORMAT, "capture": HEADER, "shards": shards})
+    save_manifest(out, {"format": FORMAT, "capture": spec.as_json(), "shards": shards})
 
 
 def loader_rate(shards: Path, cold: bool) -> list[dict]:

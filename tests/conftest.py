@@ -144,3 +144,19 @@ def mla_loop(tiny_mla_target, tmp_path_factory):
             break
     print(json.dumps({"seconds": times}))
     return d, steps, times
+
+
+def small_spec(**changes):
+    """A capture spec of a 4-wide target with layers [0, 1, 2] (inputs of 1, 2, 3), ``changes`` applied
+    (top-level fields; nested parts as dicts)."""
+    from eaglebox.shards.capture import CaptureSpec
+
+    return CaptureSpec.model_validate({
+        "engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_rule": "plus_one",
+        "layer_ids": [0, 1, 2], "captured_layer_inputs": [1, 2, 3], "hidden_size": 4, "num_layers": 4,
+        "dtype": "bfloat16", "dtype_bytes": 2,
+        "target": {"config_sha256": "c" * 64, "tokenizer_sha256": "t" * 64, "weights_digest": "w" * 64,
+                   "weights_algorithm": "sha256-tree-16MiB"},
+        "engine_options": {"quantization": None, "dtype": "bfloat16", "attention_backend": None,
+                           "moe_runner_backend": None, "kv_cache_dtype": None, "tp": 1, "dp": 1, "ep": 1},
+        **changes})

@@ -34,7 +34,7 @@ def capture_server(tiny_target, tiny_cfg_path, tmp_path_factory):
     staging = tmp_path_factory.mktemp("staging")
     cfg = load_config(tiny_cfg_path, [f"engine.port={free_port()}", "engine.chunked_prefill_size=64"])
     srv = server_for(cfg, "capture", staging.parent / "capture-server.log", capture_dir=staging,
-                     layer_ids=capture_spec(cfg)["layer_ids"])
+                     layer_ids=list(capture_spec(cfg).layers.layer_ids))
     with srv:
         yield cfg, srv, staging
 

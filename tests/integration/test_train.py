@@ -125,3 +125,13 @@ def test_shards_of_another_capture_are_refused_naming_both_values(tiny_shards, t
     assert r.returncode == 1
     assert "shards have dtype='bfloat16', the config implies 'float32'" in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_each_sample_records_the_whole_capture_spec(tiny_shards):
+    """The capture server was given the spec (``EAGLEBOX_CAPTURE_HEADER``): every field is checked per sample."""
+    from safetensors import safe_open
+
+    manifest = json.loads((tiny_shards / "manifest.json").read_text())
+    sample = tiny_shards / manifest["shards"][0]["samples"][0]["file"]
+    with safe_open(str(sample), "pt") as f:
+        assert json.loads(f.metadata()["header"]) == manifest["capture"]

@@ -27,15 +27,14 @@ ARGS = ["train.max_length=64", "train.log_every=1", "train.ttt_length=2", f"trai
         "train.warmup_steps=1", "train.heldout_share=0", "train.checkpoint_every=1000"]
 
 
-def write_shards(out: Path, header: dict, hidden: int, num_aux: int, vocab: int) -> None:
-    """``N`` samples of random features in ``eaglebox-shards`` format, under ``header`` (the config's
+def write_shards(out: Path, spec, hidden: int, num_aux: int, vocab: int) -> None:
+    """``N`` samples of random features in ``eaglebox-shards`` format, under ``spec`` (the config's
     capture spec, so the trainer's header check passes)."""
     import torch
 
     from eaglebox.capture.sink import write_sample
     from eaglebox.shards.format import (
         FORMAT,
-        SAMPLE_HEADER_KEYS,
         save_manifest,
         shard_dir,
         shard_name,
@@ -53,15 +52,15 @@ def write_shards(out: Path, header: dict, hidden: int, num_aux: int, vocab: int)
             sid, file = f"s{si}-{j}", f"{shard_dir(si)}/s{si}-{j}.safetensors"
             digest, _, _ = write_sample(out / file, x.tolist(), [torch.randn(rows, num_aux * hidden, generator=g).bfloat16()],
                                         [torch.randn(rows, hidden, generator=g).bfloat16()],
-                                        {k: header[k] for k in SAMPLE_HEADER_KEYS})  # as the capture server does
+                                        spec.sample_header())  # as the capture server does
             entries.append({"id": sid, "file": file, "offset": sum(len(i) for i in ids), "rows": rows,
                             "sha256": digest})
             ids.append(x.tolist())
             masks.append([0] * (rows // 3) + [1] * (rows - rows // 3))
             sids.append(sid)
-        digest, size = write_index(out / shard_name(si), ids, masks, sids, header)
+        digest, size = write_index(out / shard_name(si), ids, masks, sids, spec)
         shards.append({"file": shard_name(si), "sha256": digest, "bytes": size, "samples": entries})
-    save_manifest(out, {"format": FORMAT, "capture": header, "shards": shards})
+    save_manifest(out, {"format": FORMAT, "capture": spec.as_json(), "shards": shards})
 
 
 def record_reads_then_train(argv: list[str]) -> int:
@@ -117,10 +116,10 @@ def shards(tiny_target, tmp_path_factory) -> Path:
 
     os.chdir(ROOT)  # the config's relative paths are relative to the repository root
     cfg = load_config(ROOT / "configs" / "tiny-cpu.yaml", [])
-    header = capture_spec(cfg)
+    spec = capture_spec(cfg)
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
     out = tmp_path_factory.mktemp("ranks") / "shards"
-    write_shards(out, header, header["hidden_size"], len(header["layer_ids"]), hf["vocab_size"])
+    write_shards(out, spec, spec.hidden_size, len(spec.layers.layer_ids), hf["vocab_size"])
     return out
 
 

@@ -11,27 +11,28 @@ from conftest import TINY_CONFIG, config_for_model
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError
 from eaglebox.serve.provenance import differences
+from eaglebox.shards.capture import CaptureSpec
 from eaglebox.shards.spec import capture_spec
 
 
-def spec_with(tmp_path, model, *extra: str) -> dict:
+def spec_with(tmp_path, model, *extra: str) -> CaptureSpec:
     args = "[" + ", ".join(f'"{a}"' for a in extra) + "]"
     return capture_spec(config_for_model(tmp_path, model, "capture.layer_ids=[0, 1, 2]", f"engine.extra_args={args}"))
 
 
 def test_hidden_state_flags_in_extra_args_are_recorded_and_compared_at_serving(tiny_target, tmp_path):
     plain = spec_with(tmp_path, tiny_target)
-    assert "extra_args" not in plain["engine_options"]
+    assert "extra_args" not in plain.as_json()["engine_options"]
     captured = spec_with(tmp_path, tiny_target, "--prefill-attention-backend", "triton", "--pp-size", "2",
                          "--moe-a2a-back=deepep")  # abbreviated, as SGLang's own parser accepts
-    assert captured["engine_options"]["extra_args"] == {"moe_a2a_backend": "deepep", "pp_size": 2,
+    assert captured.engine_options.extra_args == {"moe_a2a_backend": "deepep", "pp_size": 2,
                                                         "prefill_attention_backend": "triton"}
     # a draft trained on that capture, served without the flags (and the other way round): named
-    assert differences(captured, plain, []) == [
+    assert differences(captured.provenance(), plain, []) == [
         "engine option extra_args: draft {'moe_a2a_backend': 'deepep', 'pp_size': 2, "
         "'prefill_attention_backend': 'triton'} vs serving None"]
-    assert differences(plain, captured, [])[0].startswith("engine option extra_args: draft None vs serving {")
-    assert differences(captured, plain, ["extra_args"]) == []
+    assert differences(plain.provenance(), captured, [])[0].startswith("engine option extra_args: draft None vs serving {")
+    assert differences(captured.provenance(), plain, ["extra_args"]) == []
 
 
 @pytest.mark.parametrize("extra, why", [

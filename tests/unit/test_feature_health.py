@@ -13,7 +13,6 @@ from eaglebox.capture.sink import CaptureSink
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError
 from eaglebox.extract.client import ExtractError, Planned, commit_shard, feature_bound, verify_staged
-from eaglebox.shards.format import SAMPLE_HEADER_KEYS
 from eaglebox.shards.spec import capture_spec
 
 
@@ -36,7 +35,7 @@ def staged(tiny_target, tmp_path):
     cfg = config_for_model(tmp_path, tiny_target, "capture.layer_ids=[0, 1, 2]", "model.dtype=float32",
                            "engine.device=cpu", "engine.attention_backend=triton")
     spec = capture_spec(cfg)
-    sink = CaptureSink(tmp_path / "staging", header={k: spec[k] for k in SAMPLE_HEADER_KEYS})
+    sink = CaptureSink(tmp_path / "staging", header=spec.sample_header())
     ids = [5, 6, 7, 8]
 
     def stage(sid: str, aux: torch.Tensor) -> Planned:

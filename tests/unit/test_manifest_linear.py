@@ -14,7 +14,7 @@ import torch
 from conftest import config_for_model
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.extract import client
-from eaglebox.shards.format import MANIFEST, SAMPLE_HEADER_KEYS, ShardReader
+from eaglebox.shards.format import MANIFEST, ShardReader
 from eaglebox.shards.spec import capture_spec
 
 
@@ -24,9 +24,9 @@ def stage_all(tiny_target, tmp_path, name: str, n: int):
     data.write_text("{}\n")
     cfg = config_for_model(tmp_path, tiny_target, "capture.layer_ids=[0, 1, 2]", f"extract.dataset={data}",
                            f"extract.output_dir={tmp_path / name}", "extract.shard_size=1")
-    spec = {**capture_spec(cfg), "hidden_size": 8}
+    spec = capture_spec(cfg).model_copy(update={"hidden_size": 8})
     staging = tmp_path / name / client.STAGING
-    sink = CaptureSink(staging, header={k: spec[k] for k in SAMPLE_HEADER_KEYS}, writers=1)
+    sink = CaptureSink(staging, header=spec.sample_header(), writers=1)
     planned = []
     g = torch.Generator().manual_seed(0)
     for i in range(n):

@@ -19,7 +19,7 @@ from eaglebox.capture.sink import CaptureSink
 from eaglebox.config import load_config
 from eaglebox.errors import EagleboxError
 from eaglebox.extract.client import Planned, commit_shard
-from eaglebox.shards.format import FORMAT, SAMPLE_HEADER_KEYS, ShardError, save_manifest
+from eaglebox.shards.format import FORMAT, ShardError, save_manifest
 from eaglebox.shards.spec import capture_spec
 
 
@@ -47,19 +47,19 @@ def capture(target: Path, layer_ids: list[int], out: Path, num_samples: int = 4)
     model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
     rows = [json.loads(line) for line in (TINY / "data" / "heldout.jsonl").read_text().splitlines()[:num_samples]]
     staging = out.parent / f"{out.name}-staging"
-    sink = CaptureSink(staging, header={k: spec[k] for k in SAMPLE_HEADER_KEYS})
+    sink = CaptureSink(staging, header=spec.sample_header())
     planned = []
     with torch.no_grad():
         for line, row in enumerate(rows, 1):
             ids = tok.apply_chat_template(row["messages"], tokenize=True, return_dict=False)[:96]
             hs = model(torch.tensor([ids]), output_hidden_states=True).hidden_states
-            aux = torch.cat([hs[i][0] for i in spec["captured_layer_inputs"]], -1).bfloat16()
+            aux = torch.cat([hs[i][0] for i in spec.layers.captured_layer_inputs], -1).bfloat16()
             sink.add_chunk(f"rid-{line}", row["id"], ids, aux, hs[-1][0].bfloat16())
             planned.append(Planned(row["id"], line, ids, [0] + [1] * (len(ids) - 1)))
     sink.flush()
     out.mkdir()
     entry = commit_shard(out, 0, planned, staging, spec)
-    save_manifest(out, {"format": FORMAT, "capture": spec, "shards": [entry]})
+    save_manifest(out, {"format": FORMAT, "capture": spec.as_json(), "shards": [entry]})
     return out
 
 

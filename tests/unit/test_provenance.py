@@ -34,7 +34,7 @@ def cfg_for(tmp_path, model, draft, *overrides):
 
 def trained_on(tmp_path, cfg):
     """A draft whose provenance is ``cfg``'s capture spec, as training on its shards records it."""
-    from eaglebox.draft.sglang import PROVENANCE_KEYS, export_draft
+    from eaglebox.draft.sglang import export_draft
     from eaglebox.draft.spec import draft_spec
     from eaglebox.shards.spec import capture_spec
     from eaglebox.train.checkpoint import trainable_state
@@ -43,7 +43,7 @@ def trained_on(tmp_path, cfg):
     spec = capture_spec(cfg)
     draft = draft_spec(cfg.model.path, cfg.train.draft, 3)
     return export_draft(tmp_path / "draft", draft, trainable_state(Eagle3Draft(draft)),
-                        {k: spec[k] for k in PROVENANCE_KEYS}, torch.float32)
+                        spec.provenance(), torch.float32)
 
 
 def check(cfg):
@@ -67,8 +67,8 @@ def test_a_draft_is_refused_on_a_same_config_target_with_other_weights(tmp_path)
 def test_other_layers_tokenizer_or_engine_options_are_named(tmp_path):
     a = tiny_target(tmp_path / "a", 0)
     draft = trained_on(tmp_path, cfg_for(tmp_path, a, tmp_path / "draft"))
-    with pytest.raises(EagleboxError, match=r"layer_ids: draft \[0, 1, 2\] vs serving \[1, 2, 3\]\n"
-                                            r"  captured_layer_inputs: draft \[1, 2, 3\] vs serving \[2, 3, 4\]"):
+    with pytest.raises(EagleboxError, match=r"captured_layer_inputs: draft \[1, 2, 3\] vs serving \[2, 3, 4\]\n"
+                                            r"  layer_ids: draft \[0, 1, 2\] vs serving \[1, 2, 3\]"):
         check(cfg_for(tmp_path, a, draft, "capture.layer_ids=[1, 2, 3]"))
     with pytest.raises(EagleboxError, match=r"engine option kv_cache_dtype: draft None vs serving 'fp8_e4m3'\n"
                                             r"  engine option tp: draft 1 vs serving 2\n"):

@@ -4,12 +4,12 @@ them into a shard; damaged or foreign files are refused, naming the file."""
 import pytest
 import torch
 
+from conftest import small_spec
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.extract.client import ExtractError, Planned, commit_shard, verify_staged
 from eaglebox.shards.format import FORMAT, ShardError, ShardReader, save_manifest
 
-SPEC = {"engine_version": "0.5.23", "captured_layer_inputs": [1, 2, 3], "hidden_size": 4, "layer_ids": [0, 1, 2],
-        "dtype": "bfloat16"}
+SPEC = small_spec()
 
 
 def staged(tmp_path, samples):
@@ -30,7 +30,7 @@ def committed(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     entry = commit_shard(out, 0, planned, tmp_path / "staging", SPEC)
-    save_manifest(out, {"format": FORMAT, "capture": SPEC, "shards": [entry]})
+    save_manifest(out, {"format": FORMAT, "capture": SPEC.as_json(), "shards": [entry]})
     return out, entry, feats
 
 
@@ -71,6 +71,6 @@ def test_a_staged_file_that_does_not_answer_the_request_is_refused(tmp_path):
     with pytest.raises(ExtractError, match="other token ids than were sent for line 1"):
         verify_staged(path, Planned("a", 1, [5, 6, 8], [1, 1, 1]), SPEC)
     with pytest.raises(ExtractError, match=r"do not match the capture spec \(3 x 8"):
-        verify_staged(path, planned[0], {**SPEC, "hidden_size": 8})
-    with pytest.raises(ExtractError, match="the server reports engine_version=0.5.23"):
-        verify_staged(path, planned[0], {**SPEC, "engine_version": "0.5.22"})
+        verify_staged(path, planned[0], small_spec(hidden_size=8))
+    with pytest.raises(ExtractError, match="the server reports engine_version='0.5.23'"):
+        verify_staged(path, planned[0], small_spec(engine_version="0.5.22"))

@@ -11,17 +11,17 @@ import struct
 import pytest
 import torch
 
+from conftest import small_spec
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.extract.client import ExtractError, Planned, commit_shard, verify_staged
 from eaglebox.shards.format import FORMAT, ShardError, ShardReader, save_manifest
 
-SPEC = {"engine_version": "0.5.23", "captured_layer_inputs": [1, 2, 3], "hidden_size": 4, "layer_ids": [0, 1, 2],
-        "dtype": "bfloat16"}
+SPEC = small_spec()
 IDS = [5, 6, 7, 8]
 
 
 def stage(tmp_path, sid="a"):
-    sink = CaptureSink(tmp_path / "staging", header={k: SPEC[k] for k in ("engine_version", "captured_layer_inputs")})
+    sink = CaptureSink(tmp_path / "staging", header={"engine_version": "0.5.23", "captured_layer_inputs": [1, 2, 3]})
     sink.add_chunk(f"eaglebox-{sid}-0", sid, IDS, torch.randn(4, 12).bfloat16(), torch.randn(4, 4).bfloat16())
     sink.flush()
     return tmp_path / "staging" / f"{sid}.safetensors", Planned(sid, 1, IDS, [0, 1, 1, 1])
@@ -44,7 +44,7 @@ def commit(tmp_path, planned):
     out = tmp_path / "out"
     out.mkdir()
     entry = commit_shard(out, 0, planned, tmp_path / "staging", SPEC)
-    save_manifest(out, {"format": FORMAT, "capture": SPEC, "shards": [entry]})
+    save_manifest(out, {"format": FORMAT, "capture": SPEC.as_json(), "shards": [entry]})
     return out
 
 
@@ -65,8 +65,8 @@ def test_staged_header_changed_on_disk(tmp_path):
     raw = path.read_bytes()
     assert raw.count(b"0.5.23") == 1
     path.write_bytes(raw.replace(b"0.5.23", b"0.5.99"))  # same length: still a valid file
-    with pytest.raises(ExtractError, match=f"{path}: the server reports engine_version=0.5.99, the capture spec says "
-                                           "0.5.23"):
+    with pytest.raises(ExtractError, match=f"{path}: the server reports engine_version='0.5.99', the capture spec says "
+                                           "engine_version='0.5.23'"):
         verify_staged(path, p, SPEC)
     path.write_bytes(raw.replace(b"[1, 2, 3]", b"[1, 2, 4]"))
     with pytest.raises(ExtractError, match=r"captured_layer_inputs=\[1, 2, 4\]"):

@@ -4,6 +4,7 @@ compiled steps, the shard-header check."""
 import pytest
 import torch
 
+from conftest import small_spec
 from eaglebox.draft.spec import DraftSpec
 from eaglebox.errors import EagleboxError
 from eaglebox.shards.spec import NOT_INSTALLED
@@ -123,14 +124,11 @@ def test_compiled_steps_keep_one_static_entry_per_padded_length_past_torchs_limi
 
 def test_training_where_sglang_is_absent_is_refused_naming_the_captured_version(tmp_path):
     """Without SGLang installed there is no serving engine to check the shards against."""
-    header = {"engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_ids": [0, 1, 2],
-              "captured_layer_inputs": [1, 2, 3], "hidden_size": 128, "dtype": "bfloat16",
-              "target": {"config_sha256": "ab", "weights_digest": "cd", "weights_algorithm": ALGORITHM},
-              "engine_options": {"tp": 1}}
+    target = {"config_sha256": "ab", "tokenizer_sha256": "ab", "weights_digest": "cd", "weights_algorithm": ALGORITHM}
+    header = small_spec(target=target)
     check_header(header, header, tmp_path)
     with pytest.raises(EagleboxError, match=r"captured with SGLang 0\.5\.23, and SGLang is not installed here"):
-        check_header(header, {**header, "engine_version": NOT_INSTALLED}, tmp_path)
-    other = {**header, "target": {**header["target"], "weights_digest": "ef"}}
-    with pytest.raises(EagleboxError, match=r"shards have target=\{'weights_digest': 'cd'\}, the config implies "
-                                            r"\{'weights_digest': 'ef'\}"):
+        check_header(header, small_spec(target=target, engine_version=NOT_INSTALLED), tmp_path)
+    other = small_spec(target={**target, "weights_digest": "ef"})
+    with pytest.raises(EagleboxError, match=r"shards have target.weights_digest='cd', the config implies 'ef'"):
         check_header(header, other, tmp_path)

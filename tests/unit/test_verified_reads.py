@@ -16,10 +16,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from conftest import config_for_model
+from conftest import config_for_model, small_spec
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.extract.client import Planned, commit_shard, run_extract
-from eaglebox.shards.format import DAMAGED, FORMAT, SAMPLE_HEADER_KEYS, ShardError, ShardReader, save_manifest
+from eaglebox.shards.capture import CaptureSpec
+from eaglebox.shards.format import DAMAGED, FORMAT, ShardError, ShardReader, save_manifest
 from eaglebox.shards.requests import sample_id_from_rid
 from eaglebox.train.data import prefetch
 
@@ -32,10 +33,10 @@ def features(sid: str, rows: int, width: int, hidden: int) -> tuple[torch.Tensor
     return torch.randn(rows, width, generator=g).bfloat16(), torch.randn(rows, hidden, generator=g).bfloat16()
 
 
-def write_shards(out, staging, spec: dict, samples: list[list[int]], shard_size: int) -> list[Planned]:
+def write_shards(out, staging, spec: CaptureSpec, samples: list[list[int]], shard_size: int) -> list[Planned]:
     """Capture ``samples`` through the real sink and commit them as the client does."""
-    H, k = spec["hidden_size"], len(spec["layer_ids"])
-    sink = CaptureSink(staging, header={key: spec[key] for key in SAMPLE_HEADER_KEYS})
+    H, k = spec.hidden_size, len(spec.layers.layer_ids)
+    sink = CaptureSink(staging, header=spec.sample_header())
     planned = [Planned(f"{i:032x}", i + 1, ids, [0] + [1] * (len(ids) - 1)) for i, ids in enumerate(samples)]
     for p in planned:
         sink.add_chunk(f"eaglebox-{p.id}-0", p.id, p.input_ids, *features(p.id, len(p.input_ids), k * H, H))
@@ -43,7 +44,7 @@ def write_shards(out, staging, spec: dict, samples: list[list[int]], shard_size:
     out.mkdir(parents=True, exist_ok=True)
     entries = [commit_shard(out, i, planned[a : a + shard_size], staging, spec)
                for i, a in enumerate(range(0, len(planned), shard_size))]
-    save_manifest(out, {"format": FORMAT, "capture": spec, "shards": entries})
+    save_manifest(out, {"format": FORMAT, "capture": spec.as_json(), "shards": entries})
     return planned
 
 
@@ -53,8 +54,7 @@ def flip_feature_byte(path, at: int = -1) -> None:
     path.write_bytes(bytes(raw))
 
 
-SPEC = {"engine": "sglang", "engine_version": "0.5.23", "captured_layer_inputs": [1, 2, 3], "hidden_size": 4,
-        "layer_ids": [0, 1, 2], "dtype": "bfloat16"}
+SPEC = small_spec()
 
 
 def small_shards(tmp_path, n: int = 6):
@@ -121,7 +121,7 @@ def test_a_manifest_edited_to_claim_other_layers_is_refused(tmp_path):
                                          r"3\], layer_ids=\[0, 1, 2\]; manifest.json claims captured_layer_inputs="
                                          r"\[2, 3, 4\], layer_ids=\[1, 2, 3\]: the manifest was edited"):
         ShardReader(out)
-    manifest["capture"] = SPEC
+    manifest["capture"] = SPEC.as_json()
     manifest["shards"][0]["samples"].reverse()  # the samples' order (offsets) no longer the index's
     (out / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ShardError, match="shard-00000.safetensors: its sample ids or offsets differ"):
@@ -134,7 +134,7 @@ def test_a_sample_whose_own_header_disagrees_with_the_manifest_is_refused(tmp_pa
     raw = path.read_bytes()
     path.write_bytes(raw.replace(b"[1, 2, 3]", b"[1, 2, 4]"))  # the sample's header, same length
     with pytest.raises(ShardError, match=r"the capture server recorded captured_layer_inputs=\[1, 2, 4\], "
-                                         r"manifest.json says \[1, 2, 3\]"):
+                                         r"manifest.json says captured_layer_inputs=\[1, 2, 3\]"):
         ShardReader(out).get(1)
 
 
@@ -143,9 +143,9 @@ class CaptureStandIn:
     go to the real :class:`CaptureSink`, the answer carries its metadata."""
 
     def __init__(self, staging, spec):
-        self.sink = CaptureSink(staging, header={key: spec[key] for key in SAMPLE_HEADER_KEYS})
+        self.sink = CaptureSink(staging, header=spec.sample_header())
         self.captured: list[str] = []
-        H, k = spec["hidden_size"], len(spec["layer_ids"])
+        H, k = spec.hidden_size, len(spec.layers.layer_ids)
         stand_in = self
 
         class Handler(BaseHTTPRequestHandler):

@@ -69,21 +69,22 @@ def test_digests_are_cached_by_path_size_and_mtime_and_recent_files_are_not(tmp_
 
 
 def test_an_old_fingerprint_in_a_draft_or_shards_gets_one_clear_message(tmp_path):
+    from conftest import small_spec
     from eaglebox.serve.provenance import differences
+    from eaglebox.shards.capture import CaptureSpec
     from eaglebox.train.loop import check_header
 
     d = model(tmp_path / "m", 1000)
-    spec = {"engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_ids": [0, 1, 2],
-            "captured_layer_inputs": [1, 2, 3], "target": target_fingerprint(d), "engine_options": {"tp": 1}}
-    old = {**spec, "target": {"config_sha256": spec["target"]["config_sha256"], "weights_sha256": "ab" * 32,
-                              "tokenizer_sha256": spec["target"]["tokenizer_sha256"]}}
+    spec = small_spec(target=target_fingerprint(d))
+    old = {**spec.provenance(), "target": {"config_sha256": spec.target.config_sha256, "weights_sha256": "ab" * 32,
+                                           "tokenizer_sha256": spec.target.tokenizer_sha256}}
     assert differences(old, spec, []) == [
         "target fingerprint: the draft's was made by an older eaglebox (32 sampled 64 KiB blocks a file "
         f"(weights_sha256)); this eaglebox hashes every byte ({ALGORITHM}): they cannot be compared"]
     with pytest.raises(EagleboxError, match=r"the shards' target fingerprint was made by an older eaglebox .*; extract "
                                             r"them again"):
-        check_header(old, spec, tmp_path)
-    assert differences(spec, spec, []) == []
+        check_header(CaptureSpec.load({**spec.as_json(), **old}, tmp_path), spec, tmp_path)
+    assert differences(spec.provenance(), spec, []) == []
 
 
 def test_one_process_at_a_time_reads_hashes_and_writes_the_cache(tmp_path):

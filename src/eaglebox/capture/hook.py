@@ -41,6 +41,7 @@ SGLang's scheduler is a ``spawn``-ed process.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -106,7 +107,8 @@ def patch(module) -> None:
 
     def sink_for(processor) -> CaptureSink:
         if "sink" not in state:
-            header = {"engine": "sglang", "engine_version": sglang.__version__,
+            header = {**json.loads(os.environ.get("EAGLEBOX_CAPTURE_HEADER", "{}")),  # the spec, as launched
+                      "engine": "sglang", "engine_version": sglang.__version__,  # and what the engine says
                       "captured_layer_inputs": _captured_layer_inputs(processor)}
             sys.setswitchinterval(float(os.environ.get("EAGLEBOX_CAPTURE_SWITCH_INTERVAL_S", "0.0005")))
             state["sink"] = CaptureSink(os.environ["EAGLEBOX_CAPTURE_DIR"],

@@ -51,15 +51,10 @@ def serving_keys(architecture: str, fc_norm: int = 0) -> set[str]:
 UNIMPLEMENTED = ("norm_before_residual", "norm_before_fc", "use_aux_norm", "attention_bias", "mlp_bias", "bias")
 """Keys SGLang reads (or ignores) that eaglebox's trainer does not implement."""
 
-PROVENANCE_KEYS = ("engine", "engine_version", "architecture", "layer_rule", "layer_ids", "captured_layer_inputs",
-                   "target", "engine_options")
-"""What a draft keeps of the capture spec of its features (``shards/spec.py``)."""
-
-
 def provenance(reader: ShardReader, cfg) -> dict:
-    """The ``eaglebox`` block of a draft trained on ``reader``'s shards."""
-    h = reader.header
-    return {**{k: h[k] for k in PROVENANCE_KEYS}, "shards_digest": manifest_digest(reader.manifest),
+    """The ``eaglebox`` block of a draft trained on ``reader``'s shards: their capture spec's
+    provenance (:meth:`eaglebox.shards.capture.CaptureSpec.provenance`) and the data it saw."""
+    return {**reader.capture.provenance(), "shards_digest": manifest_digest(reader.manifest),
             "samples": len(reader), "ttt_length": cfg.train.ttt_length}
 
 

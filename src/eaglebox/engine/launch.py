@@ -7,7 +7,7 @@
 
 All three share :func:`base_args`: the same engine flags capture the features and serve the draft;
 :func:`hidden_state_options` is what of them the capture spec records. Capture takes the layer ids
-the command computed (``capture_spec(cfg)["layer_ids"]``); the target is read only for its
+the command computed (``capture_spec(cfg).layers.layer_ids``); the target is read only for its
 attention kind (the CPU backend) and dtype.
 """
 
@@ -224,9 +224,12 @@ def draft_layer_inputs(draft_path: Path) -> list[int] | None:
     return block.get("captured_layer_inputs")
 
 
-def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict[str, str]:
-    """``speculative``: the server checks, once SGLang has configured the target for the draft, that
-    it hooks the layers the draft was trained on (``eaglebox.capture.serve_check``)."""
+def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None,
+               sample_header: dict | None = None) -> dict[str, str]:
+    """``capture``: the server records ``sample_header`` (the capture spec's) in every sample, so
+    the client's checks see every field of the spec. ``speculative``: the server checks, once SGLang
+    has configured the target for the draft, that it hooks the layers the draft was trained on
+    (``eaglebox.capture.serve_check``)."""
     env = dict(cfg.engine.env)
     if cfg.engine.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
@@ -236,6 +239,8 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict
         if capture_dir is None:
             raise ValueError("capture mode needs a capture directory")
         env["EAGLEBOX_CAPTURE_DIR"] = str(capture_dir)
+        if sample_header is not None:
+            env["EAGLEBOX_CAPTURE_HEADER"] = json.dumps(sample_header, sort_keys=True)
         env["EAGLEBOX_CAPTURE_BUFFER_BYTES"] = str(cfg.extract.writer_buffer_mb << 20)
         # On CPU the forward runs on the cores the writers would take: they yield to it (nice 19).
         env.setdefault("EAGLEBOX_CAPTURE_NICE_WRITERS", "1" if cfg.engine.device == "cpu" else "0")
@@ -245,12 +250,12 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None) -> dict
 
 
 def server_for(cfg: Config, mode: Mode, log_path: Path, capture_dir: Path | None = None,
-               layer_ids: list[int] | None = None):
+               layer_ids: list[int] | None = None, sample_header: dict | None = None):
     """An (unstarted) :class:`SGLangServer` for ``cfg`` in ``mode``; ``capture`` writes ``layer_ids`` to
-    ``capture_dir``."""
+    ``capture_dir``, each sample with ``sample_header`` (:func:`launch_env`)."""
     from eaglebox.engine.server import SGLangServer
 
-    return SGLangServer(launch_args(cfg, mode, layer_ids), env=launch_env(cfg, mode, capture_dir),
+    return SGLangServer(launch_args(cfg, mode, layer_ids), env=launch_env(cfg, mode, capture_dir, sample_header),
                         log_path=log_path, host=cfg.engine.host, port=cfg.engine.port,
                         startup_timeout_s=cfg.engine.startup_timeout_s,
                         writes_to=[capture_dir] if capture_dir is not None else [])

@@ -36,10 +36,12 @@ import torch
 from eaglebox import progress
 from eaglebox.errors import EagleboxError
 from eaglebox.extract.dataset import BadRow, Row, read_chat_template, read_rows, tokenize
+from eaglebox.shards.capture import CaptureSpec, describe
 from eaglebox.shards.format import (
     DAMAGED,
     DTYPE_CODES,
     FORMAT,
+    MANIFEST,
     DamagedSample,
     ShardError,
     check_index,
@@ -78,9 +80,9 @@ class Planned:
     loss_mask: list[int]
 
 
-def sample_id(input_ids: list[int], spec: dict) -> str:
+def sample_id(input_ids: list[int], spec: CaptureSpec) -> str:
     """Content address: the token ids plus the capture spec (layers, engine and its version)."""
-    h = hashlib.sha256(json.dumps(spec, sort_keys=True).encode())
+    h = hashlib.sha256(spec.digest_json().encode())
     h.update(torch.tensor(input_ids, dtype=torch.int64).numpy().tobytes())
     return h.hexdigest()[:32]
 
@@ -154,7 +156,7 @@ def _bad(e, bad: BadRow, log) -> None:
     log(f"skipping {bad}")
 
 
-def plan_samples(cfg, rows: list[Row], tokenizer, spec: dict, log=print) -> list[Planned]:
+def plan_samples(cfg, rows: list[Row], tokenizer, spec: CaptureSpec, log=print) -> list[Planned]:
     """Tokenize (assistant-only loss mask), drop over-long rows and duplicates, in data-set order."""
     e = cfg.extract
     template = read_chat_template(e.chat_template)
@@ -183,17 +185,16 @@ def plan_samples(cfg, rows: list[Row], tokenizer, spec: dict, log=print) -> list
     return planned
 
 
-def check_resume(cfg, planned: list[Planned], spec: dict) -> dict | None:
+def check_resume(cfg, planned: list[Planned], spec: CaptureSpec) -> dict | None:
     """The manifest of an earlier run into the same directory (None if new); refuses another spec
     and checks the disk budget for what is left to capture."""
     e = cfg.extract
     out = Path(e.output_dir)
     manifest = load_manifest(out)
-    if manifest is not None and manifest["capture"] != spec:
-        raise ExtractError(
-            f"{out}: its shards were captured with {json.dumps(manifest['capture'], sort_keys=True)}, "
-            f"this run would capture with {json.dumps(spec, sort_keys=True)}; use another extract.output_dir")
-    bpt = bytes_per_token(spec["hidden_size"], len(spec["layer_ids"]), spec["dtype_bytes"])
+    if manifest is not None and (diffs := spec.diff(manifest["capture"])):
+        raise ExtractError(f"{out}: its shards were captured with {describe(diffs, 1)}, this run would capture with "
+                           f"{describe(diffs, 0)}; use another extract.output_dir")
+    bpt = bytes_per_token(spec.hidden_size, len(spec.layers.layer_ids), spec.dtype_bytes)
     shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
     done = {s["file"] for s in (manifest or {}).get("shards", [])}
     todo_tokens = sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) not in done for p in sh)
@@ -201,7 +202,7 @@ def check_resume(cfg, planned: list[Planned], spec: dict) -> dict | None:
     return manifest
 
 
-def check_disk_before_regeneration(cfg, rows: list[Row], tokenizer, spec: dict) -> None:
+def check_disk_before_regeneration(cfg, rows: list[Row], tokenizer, spec: CaptureSpec) -> None:
     """The disk check for a run that regenerates answers first, made before the server starts (and
     again after regeneration): each assistant turn counted at ``regenerate_max_new_tokens`` (plus a
     few template tokens), each sample at most ``max_length``."""
@@ -215,7 +216,7 @@ def check_disk_before_regeneration(cfg, rows: list[Row], tokenizer, spec: dict) 
             raise ExtractError(f"{e.dataset}: line {row.line}: {err}") from err
         turns = sum(m["role"] == "assistant" for m in row.messages or [])
         lengths.append(min(e.max_length, len(ids) - sum(mask) * (turns > 0) + turns * (e.regenerate_max_new_tokens + 8)))
-    bpt = bytes_per_token(spec["hidden_size"], len(spec["layer_ids"]), spec["dtype_bytes"])
+    bpt = bytes_per_token(spec.hidden_size, len(spec.layers.layer_ids), spec.dtype_bytes)
     check_disk(Path(e.output_dir), sum(lengths), bpt)
 
 
@@ -226,7 +227,7 @@ class Plan:
     manifest: dict | None
 
 
-def prepare(cfg, spec: dict, tokenizer, log=print) -> Plan:
+def prepare(cfg, spec: CaptureSpec, tokenizer, log=print) -> Plan:
     """Everything that can fail before a server starts: rows, tokenization, resume state, disk."""
     rows = select_rows(cfg, log)
     if cfg.extract.regenerate:
@@ -236,7 +237,7 @@ def prepare(cfg, spec: dict, tokenizer, log=print) -> Plan:
     return Plan(rows, planned, check_resume(cfg, planned, spec))
 
 
-def capture(cfg, url: str, spec: dict, tokenizer, plan: Plan, staging: Path, *, alive=lambda: True,
+def capture(cfg, url: str, spec: CaptureSpec, tokenizer, plan: Plan, staging: Path, *, alive=lambda: True,
             log=print, report: dict | None = None) -> dict:
     """Regenerate if asked, then capture every planned sample; returns the manifest."""
     if plan.planned is None:
@@ -336,7 +337,7 @@ class Throughput:
                 f"{r.get('server_hash_s', 0):.1f} s and wrote {r.get('server_write_s', 0):.1f} s)")
 
 
-def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dict | None, staging: Path, *,
+def run_extract(cfg, url: str, spec: CaptureSpec, planned: list[Planned], manifest: dict | None, staging: Path, *,
                 alive=lambda: True, log=print, report: dict | None = None) -> dict:
     """Capture every planned sample into ``extract.output_dir``; returns the final manifest.
 
@@ -352,7 +353,7 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
     staging.mkdir(parents=True, exist_ok=True)
     for tmp in staging.glob(".*.tmp"):  # a writer killed mid-file; its sample is captured again
         tmp.unlink()
-    manifest = manifest or {"format": FORMAT, "capture": spec, "shards": []}
+    manifest = manifest or {"format": FORMAT, "capture": spec.as_json(), "shards": []}
     manifest["dataset"] = {"path": str(e.dataset), "sha256": file_sha256(Path(e.dataset))}
     bound = feature_bound(cfg.model.path)
     for name in set_aside_damaged(out, manifest, e.concurrency, log):
@@ -363,7 +364,7 @@ def run_extract(cfg, url: str, spec: dict, planned: list[Planned], manifest: dic
                initial=sum(len(p.input_ids) for i, sh in enumerate(shards) if shard_name(i) in done for p in sh))
     to_capture = any(shard_name(i) not in done for i in range(len(shards)))
     speed = Throughput(disk_write_rate(staging) if to_capture else None,
-                       (len(spec["layer_ids"]) + 1) * spec["hidden_size"] * getattr(torch, spec["dtype"]).itemsize)
+                       (len(spec.layers.layer_ids) + 1) * spec.hidden_size * spec.dtype_bytes)
 
     manifest["samples"] = sum(len(s["samples"]) for s in manifest["shards"])
     manifest["tokens"] = sum(r["rows"] for s in manifest["shards"] for r in s["samples"])
@@ -442,11 +443,12 @@ def set_aside_damaged(out: Path, manifest: dict, threads: int, log=print) -> lis
     samples = [(shard, s) for shard in manifest["shards"] for s in shard["samples"]]
     if not samples:
         return []
+    capture = CaptureSpec.load(manifest["capture"], out / MANIFEST)
 
     def damage(item) -> str | None:
         _, s = item
         try:
-            read_sample(out / s["file"], s["sha256"], s["rows"], manifest["capture"])
+            read_sample(out / s["file"], s["sha256"], s["rows"], capture)
         except DamagedSample as err:
             return str(err)
         return None
@@ -455,7 +457,7 @@ def set_aside_damaged(out: Path, manifest: dict, threads: int, log=print) -> lis
     redo = set()
     for shard in manifest["shards"]:
         try:
-            check_index(out / shard["file"], shard, manifest["capture"])
+            check_index(out / shard["file"], shard, capture)
         except ShardError as err:
             log(f"extract: {err}; shard {shard['file']} will be committed again")
             redo.add(shard["file"])
@@ -506,7 +508,7 @@ def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120, alive=lam
             time.sleep(0.005)
 
 
-def verify_staged(path: Path, p: Planned, spec: dict, bound: float | None = None) -> str:
+def verify_staged(path: Path, p: Planned, spec: CaptureSpec, bound: float | None = None) -> str:
     """Check one staged sample against what was sent, from its header and token ids (no feature bytes
     read), and its features' health from the largest values the server recorded (:func:`check_health`);
     returns the tensor sha256 the server computed as it wrote the file."""
@@ -515,19 +517,18 @@ def verify_staged(path: Path, p: Planned, spec: dict, bound: float | None = None
         ids = f.get_tensor("input_ids").tolist()
         aux, last = f.get_slice("aux"), f.get_slice("last")
         shapes, dtypes = (aux.get_shape(), last.get_shape()), {aux.get_dtype(), last.get_dtype()}
-    server = json.loads(meta.get("header", "{}"))
-    for key in ("engine_version", "captured_layer_inputs"):
-        if server.get(key) != spec[key]:
-            raise ExtractError(f"{path}: the server reports {key}={server.get(key)}, the capture spec says "
-                               f"{spec[key]}; the running SGLang hooks other layers or is another build")
+    if diffs := spec.diff_sample_header(json.loads(meta.get("header", "{}"))):
+        raise ExtractError(f"{path}: the server reports {describe(diffs, 1)}, the capture spec says "
+                           f"{describe(diffs, 0)}; the running SGLang hooks other layers, is another build or "
+                           "was launched for another spec")
     if ids != p.input_ids:
         raise ExtractError(f"{path}: the server ran other token ids than were sent for line {p.line}")
     if not (shapes[0][0] == shapes[1][0] == len(p.input_ids)):
         raise ExtractError(f"{path}: {shapes[0][0]} rows for a {len(p.input_ids)}-token prompt")
-    H, k = spec["hidden_size"], len(spec["layer_ids"])
-    if shapes[0][1] != k * H or shapes[1][1] != H or dtypes != {DTYPE_CODES[getattr(torch, spec["dtype"])]}:
+    H, k = spec.hidden_size, len(spec.layers.layer_ids)
+    if shapes[0][1] != k * H or shapes[1][1] != H or dtypes != {DTYPE_CODES[getattr(torch, spec.dtype)]}:
         raise ExtractError(f"{path}: aux {shapes[0]} / last {shapes[1]} {sorted(dtypes)} do not match the capture "
-                           f"spec ({k} x {H}, {spec['dtype']})")
+                           f"spec ({k} x {H}, {spec.dtype})")
     digest = meta.get("sha256", "")
     if len(digest) != 64 or "max_abs" not in meta:
         raise ExtractError(f"{path}: no tensor sha256 or max_abs in its metadata; it was not written by this "
@@ -549,15 +550,15 @@ def feature_bound(model_path: Path) -> float:
     return HEALTH_FACTOR * float(load_embedding(model_path).abs().max())
 
 
-def check_health(path: Path, max_abs: list[float], spec: dict, bound: float | None) -> None:
+def check_health(path: Path, max_abs: list[float], spec: CaptureSpec, bound: float | None) -> None:
     """Refuse a sample whose features a correct forward cannot have produced: a non-finite or all-zero
     layer, or one beyond ``bound`` (:func:`feature_bound`; None: not checked)."""
-    names = [f"the input of layer {i}" for i in spec["captured_layer_inputs"]] + ["the last hidden state"]
-    opts = spec.get("engine_options") or {}
+    names = [f"the input of layer {i}" for i in spec.layers.captured_layer_inputs] + ["the last hidden state"]
+    opts = spec.engine_options
     cause = (f"likely cause: the engine computes this target wrongly with attention backend "
-             f"{opts.get('attention_backend') or 'SGLang default'} in {opts.get('dtype')}"
-             f"{', kv cache ' + opts['kv_cache_dtype'] if opts.get('kv_cache_dtype') else ''}"
-             f"{', quantization ' + opts['quantization'] if opts.get('quantization') else ''}; compare a few "
+             f"{opts.attention_backend or 'SGLang default'} in {opts.dtype}"
+             f"{', kv cache ' + opts.kv_cache_dtype if opts.kv_cache_dtype else ''}"
+             f"{', quantization ' + opts.quantization if opts.quantization else ''}; compare a few "
              "samples with `eaglebox parity`, try another engine.attention_backend or model.dtype=float32")
     for name, v in zip(names, max_abs):
         if not math.isfinite(v):
@@ -569,7 +570,7 @@ def check_health(path: Path, max_abs: list[float], spec: dict, bound: float | No
                                f"({HEALTH_FACTOR:.0e} x the target's largest embedding value); {cause}")
 
 
-def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: dict,
+def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: CaptureSpec,
                  bound: float | None = None) -> dict:
     """Verify each sample (``bound``: :func:`check_health`'s) and rename it into the shard's folder,
     then write the shard's index."""

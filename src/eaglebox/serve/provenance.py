@@ -4,31 +4,30 @@ from __future__ import annotations
 
 from eaglebox.draft.sglang import check_export
 from eaglebox.errors import EagleboxError
+from eaglebox.shards.capture import CaptureSpec
 from eaglebox.target.fingerprint import WHAT, stale
 
-SAME = ("engine", "engine_version", "architecture", "layer_ids", "captured_layer_inputs")
-"""What a draft's ``eaglebox`` block must share with the capture spec of the serving launch, besides
-the target's fingerprint (``target``) and the engine options (``engine_options``)."""
 
-
-def differences(draft: dict, spec: dict, allowed: list[str]) -> list[str]:
-    """One line per item of the capture spec ``spec`` the draft's block differs in, naming it; engine
-    options in ``allowed`` (``serve.allow_engine_differences``) may differ."""
-    out = [f"{k}: draft {draft.get(k)!r} vs serving {spec[k]!r}" for k in SAME if draft.get(k) != spec[k]]
+def differences(draft: dict, spec: CaptureSpec, allowed: list[str]) -> list[str]:
+    """One line per item of the capture spec ``spec`` the draft's ``eaglebox`` block differs in (its
+    :meth:`CaptureSpec.provenance`), naming it; engine options in ``allowed``
+    (``serve.allow_engine_differences``) may differ."""
+    recorded = spec.as_json() | {k: draft.get(k) for k in spec.provenance()}  # the layout is not the draft's
     target = draft.get("target") or {}
-    if (why := stale(target)) is not None:
-        out.append(f"target fingerprint: the draft's was {why}")
-    else:
-        out += [f"target {WHAT[k]}: draft {str(target.get(k))[:12]} vs serving {v[:12]} ({k})"
-                for k, v in spec["target"].items() if target.get(k) != v]
-    options, serving = draft.get("engine_options") or {}, spec["engine_options"]
-    out += [f"engine option {k}: draft {options.get(k)!r} vs serving {serving.get(k)!r}"
-            for k in [*serving, *sorted(options.keys() - serving.keys())]
-            if k not in allowed and options.get(k) != serving.get(k)]
+    stale_target = stale(target)
+    out = [f"target fingerprint: the draft's was {stale_target}"] if stale_target is not None else []
+    for name, (want, have) in spec.diff(recorded, allow=[f"engine_options.{k}" for k in allowed]).items():
+        part, _, item = name.partition(".")
+        if part == "target" and stale_target is None:
+            out.append(f"target {WHAT.get(item, item)}: draft {str(have)[:12]} vs serving {str(want)[:12]} ({item})")
+        elif part == "engine_options":
+            out.append(f"engine option {item or 'block'}: draft {have!r} vs serving {want!r}")
+        elif part != "target":
+            out.append(f"{name}: draft {have!r} vs serving {want!r}")
     return out
 
 
-def check_provenance(cfg, spec: dict) -> dict:
+def check_provenance(cfg, spec: CaptureSpec) -> dict:
     """Compare the draft's ``eaglebox`` block with ``spec``, the capture spec of the target and engine
     about to serve it (:func:`eaglebox.shards.spec.capture_spec`)."""
     draft = check_export(cfg.serve.draft_path)

@@ -37,6 +37,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from eaglebox.errors import EagleboxError
+from eaglebox.shards.capture import CaptureSpec, describe
 
 FORMAT = "eaglebox-shards/2"
 MANIFEST = "manifest.json"
@@ -44,8 +45,6 @@ DAMAGED = "damaged"
 """Where ``eaglebox extract`` sets aside committed samples that fail verification, before capturing them again."""
 REPAIR = ("run `eaglebox extract` again with the config that wrote {dir}: it re-verifies every committed sample, "
           f"moves damaged ones to {{dir}}/{DAMAGED}/ and captures them again, and rewrites damaged shard indexes")
-SAMPLE_HEADER_KEYS = ("engine", "engine_version", "captured_layer_inputs")
-"""What the capture server records of the capture spec in every sample file (``capture/hook.py``)."""
 
 
 class ShardError(EagleboxError, ValueError):
@@ -173,10 +172,10 @@ CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 SAMPLE_KEYS = ("aux", "input_ids", "last")
 
 
-def read_sample(path: Path, sha256: str, rows: int, capture: dict) -> dict[str, torch.Tensor]:
+def read_sample(path: Path, sha256: str, rows: int, capture: CaptureSpec) -> dict[str, torch.Tensor]:
     """A committed sample's ``input_ids``, ``aux`` and ``last``, read whole (one read into one buffer,
     the tensors are views of it) and verified: the tensors' sha256 is ``sha256`` (the manifest's), its
-    header's engine and captured layers are ``capture``'s, it has ``rows`` rows. sha256 releases the GIL
+    header agrees with ``capture`` (:meth:`CaptureSpec.diff_sample_header`), it has ``rows`` rows. sha256 releases the GIL
     on these buffers, so loader threads verify in parallel. Raises :class:`DamagedSample`."""
     try:
         size = path.stat().st_size
@@ -205,11 +204,9 @@ def read_sample(path: Path, sha256: str, rows: int, capture: dict) -> dict[str, 
         h.update(data[a:b])
     if h.hexdigest() != sha256:
         raise DamagedSample(f"{path}: its tensors' sha256 differs from {MANIFEST}: the file changed after capture")
-    recorded = json.loads(meta.get("header", "{}"))
-    for key in SAMPLE_HEADER_KEYS:
-        if recorded.get(key) != capture.get(key):
-            raise DamagedSample(f"{path}: the capture server recorded {key}={recorded.get(key)!r}, {MANIFEST} says "
-                                f"{capture.get(key)!r}")
+    if diffs := capture.diff_sample_header(json.loads(meta.get("header", "{}"))):
+        raise DamagedSample(f"{path}: the capture server recorded {describe(diffs, 1)}, {MANIFEST} says "
+                            f"{describe(diffs, 0)}")
     out = {}
     for key in SAMPLE_KEYS:
         e = entries[key]
@@ -223,7 +220,7 @@ def read_sample(path: Path, sha256: str, rows: int, capture: dict) -> dict[str, 
 
 
 def write_index(path: Path, ids: list[list[int]], masks: list[list[int]], sample_ids: list[str],
-                header: dict) -> tuple[str, int]:
+                capture: CaptureSpec) -> tuple[str, int]:
     """Write a shard's index; deterministic (no timestamps), so a rerun gives identical bytes.
     Returns the file's sha256 and size."""
     offsets = [0]
@@ -234,7 +231,7 @@ def write_index(path: Path, ids: list[list[int]], masks: list[list[int]], sample
         "loss_mask": [torch.tensor(m, dtype=torch.uint8) for m in masks],
         "offsets": [torch.tensor(offsets, dtype=torch.int64)],
     }
-    meta = {"eaglebox": json.dumps({"format": FORMAT, "header": header, "sample_ids": sample_ids}, sort_keys=True)}
+    meta = {"eaglebox": json.dumps({"format": FORMAT, "header": capture.as_json(), "sample_ids": sample_ids}, sort_keys=True)}
     return write_safetensors(path, tensors, meta, fsync=True)
 
 
@@ -261,7 +258,7 @@ def manifest_digest(manifest: dict) -> str:
     return hashlib.sha256(json.dumps([manifest["capture"], shards], sort_keys=True).encode()).hexdigest()
 
 
-def check_index(path: Path, shard: dict, capture: dict) -> tuple[torch.Tensor, torch.Tensor]:
+def check_index(path: Path, shard: dict, capture: CaptureSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """A shard's index, checked against its manifest entry ``shard`` and the manifest's ``capture``: its
     sha256, the capture header and sample ids it records, its sample offsets. Returns its token ids and
     loss mask."""
@@ -273,12 +270,10 @@ def check_index(path: Path, shard: dict, capture: dict) -> tuple[torch.Tensor, t
     with open_safetensors(path) as f:
         recorded = json.loads(f.metadata().get("eaglebox", "{}"))
         ids, mask, offsets = (f.get_tensor(k) for k in ("input_ids", "loss_mask", "offsets"))
-    header = recorded.get("header") or {}
-    diff = sorted(k for k in header.keys() | capture.keys() if header.get(k) != capture.get(k))
-    if diff:
-        raise ShardError(f"{path}: records the capture {', '.join(f'{k}={header.get(k)!r}' for k in diff)}; "
-                         f"{MANIFEST} claims {', '.join(f'{k}={capture.get(k)!r}' for k in diff)}: the manifest was "
-                         "edited or belongs to other shards; extract again into an empty extract.output_dir")
+    if diffs := capture.diff(recorded.get("header") or {}):
+        raise ShardError(f"{path}: records the capture {describe(diffs, 1)}; {MANIFEST} claims {describe(diffs, 0)}: "
+                         "the manifest was edited or belongs to other shards; extract again into an empty "
+                         "extract.output_dir")
     samples = shard["samples"]
     want = [s["offset"] for s in samples] + [samples[-1]["offset"] + samples[-1]["rows"] if samples else 0]
     if recorded.get("sample_ids") != [s["id"] for s in samples] or offsets.tolist() != want:
@@ -298,11 +293,12 @@ class ShardReader:
         if manifest is None:
             raise ShardError(f"{self.dir}: no {MANIFEST}; run `eaglebox extract` first")
         self.manifest = manifest
-        self.header = manifest["capture"]
+        self.capture = CaptureSpec.load(manifest["capture"], self.dir / MANIFEST)
+        self.header = manifest["capture"]  # as recorded: bench/parity.py and tools/h200 still read it by key
         self.index: list[tuple[Path, int, int, int, str]] = []  # (sample file, shard, row offset, rows, sha256)
         self._ids, self._masks = [], []
         for si, shard in enumerate(manifest["shards"]):
-            ids, mask = check_index(self.dir / shard["file"], shard, self.header)
+            ids, mask = check_index(self.dir / shard["file"], shard, self.capture)
             self._ids.append(ids)
             self._masks.append(mask)
             for s in shard["samples"]:
@@ -332,7 +328,7 @@ class ShardReader:
         path, _, _, n, sha256 = self.index[i]
         ids, mask = self.ids_and_mask(i)
         try:
-            s = read_sample(path, sha256, n, self.header)
+            s = read_sample(path, sha256, n, self.capture)
             if not torch.equal(s["input_ids"], ids):
                 raise DamagedSample(f"{path}: its token ids differ from its shard index's")
         except DamagedSample as err:

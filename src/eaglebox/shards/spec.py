@@ -1,4 +1,4 @@
-"""The capture spec: everything that determines the features, recorded in every shard and manifest.
+"""The capture spec of a config (:class:`eaglebox.shards.capture.CaptureSpec`).
 
 A command computes it once (:func:`capture_spec`, which picks the layer ids) and passes it on: to
 the capture server's launch, the client, the trainer's shard check and the serve-time provenance check.
@@ -10,6 +10,7 @@ import importlib.metadata
 
 from eaglebox.config import Config
 from eaglebox.engine.launch import hidden_state_options
+from eaglebox.shards.capture import CaptureSpec
 from eaglebox.target.config import target_dtype, text_config
 from eaglebox.target.fingerprint import target_fingerprint
 from eaglebox.target.layers import captured_inputs, layer_rule, sglang_layer_ids
@@ -26,16 +27,14 @@ def engine_version() -> str:
         return NOT_INSTALLED
 
 
-def capture_spec(cfg: Config) -> dict:
-    """``layer_ids``: what SGLang is given (capture flag, draft config); ``captured_layer_inputs``: the
-    layers whose inputs the target class then hooks, by its architecture's rule (the capture hook
-    reads the running model's and the client compares); ``target``: the target's fingerprint;
-    ``engine_options``: the launch options that change hidden states."""
+def capture_spec(cfg: Config) -> CaptureSpec:
+    """The spec ``cfg`` captures with: the layer ids it picks, the target's fingerprint, the installed
+    engine and the launch options that change hidden states."""
     text = text_config(cfg.model.path)
     arch, rule = layer_rule(cfg.model.path)
     ids = sglang_layer_ids(cfg)
     dtype = target_dtype(cfg.model.path, cfg.model.dtype)
-    return {
+    return CaptureSpec.model_validate({
         "engine": "sglang",
         "engine_version": engine_version(),
         "architecture": arch,
@@ -48,4 +47,4 @@ def capture_spec(cfg: Config) -> dict:
         "dtype_bytes": DTYPE_BYTES[dtype],
         "target": target_fingerprint(cfg.model.path),
         "engine_options": hidden_state_options(cfg),
-    }
+    })

@@ -55,8 +55,8 @@ def run_gate(cfg, log=print) -> dict:
     embed, _ = load_embed_and_head(Path(cfg.model.path))
     random_dir = export_control_draft(trained, Path(cfg.train.output_dir) / "random-draft", cfg.train.seed)
     report = {
-        "trained": evaluate_draft(trained, embed, samples, cfg.serve.num_steps, spec["engine_version"]),
-        "random_control": evaluate_draft(random_dir, embed, samples, cfg.serve.num_steps, spec["engine_version"]),
+        "trained": evaluate_draft(trained, embed, samples, cfg.serve.num_steps, spec.engine_version),
+        "random_control": evaluate_draft(random_dir, embed, samples, cfg.serve.num_steps, spec.engine_version),
         "min_accept_length": cfg.bench.min_accept_length,
         "random_control_max_accept_length": RANDOM_CONTROL_MAX_AL,
         "corpus": corpus,

@@ -17,7 +17,7 @@ def run(cfg) -> int:
     if ckpt is None:
         raise EagleboxError(f"{cfg.train.output_dir}/checkpoints: no checkpoint; run `eaglebox train` first")
     reader = ShardReader(cfg.extract.output_dir)
-    spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.header["layer_ids"]))
+    spec = draft_spec(cfg.model.path, cfg.train.draft, len(reader.capture.layers.layer_ids))
     out = export_draft(Path(cfg.train.output_dir) / "draft", spec, load_file(ckpt / "model.safetensors"),
                        provenance(reader, cfg))
     print(f"export: {ckpt} -> {out}")

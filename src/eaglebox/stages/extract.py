@@ -8,6 +8,7 @@ from pathlib import Path
 
 from eaglebox.engine.launch import server_for
 from eaglebox.errors import EagleboxError
+from eaglebox.shards.capture import CaptureSpec
 from eaglebox.shards.spec import capture_spec
 
 
@@ -18,9 +19,11 @@ def staging_dir(cfg) -> Path:
     return Path(cfg.extract.output_dir) / STAGING
 
 
-def capture_server(cfg, spec: dict, log_path: Path):
-    """An (unstarted) capture server for ``spec``'s layers, writing to :func:`staging_dir`."""
-    return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg), layer_ids=spec["layer_ids"])
+def capture_server(cfg, spec: CaptureSpec, log_path: Path):
+    """An (unstarted) capture server for ``spec``'s layers, writing to :func:`staging_dir` samples that
+    record ``spec`` (:meth:`CaptureSpec.sample_header`)."""
+    return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg), layer_ids=list(spec.layers.layer_ids),
+                      sample_header=spec.sample_header())
 
 
 CORPUS = "corpus.json"
@@ -68,8 +71,8 @@ def run(cfg) -> int:
     log_path = out.parent / f"{out.name}-server.log"
     staging = staging_dir(cfg)
     srv = capture_server(cfg, spec, log_path)
-    print(f"extract: starting SGLang {spec['engine_version']} (layer ids {spec['layer_ids']}: {spec['architecture']} "
-          f"hooks the inputs of layers {spec['captured_layer_inputs']}); log {log_path}")
+    print(f"extract: starting SGLang {spec.engine_version} (layer ids {list(spec.layers.layer_ids)}: {spec.layers.architecture} "
+          f"hooks the inputs of layers {list(spec.layers.captured_layer_inputs)}); log {log_path}")
     throughput: dict = {}
     with srv:
         print(f"extract: server healthy after {srv.startup_s:.1f} s")

@@ -22,6 +22,7 @@ from eaglebox import progress
 from eaglebox.draft.sglang import export_draft, provenance
 from eaglebox.draft.spec import draft_spec
 from eaglebox.errors import EagleboxError
+from eaglebox.shards.capture import CaptureSpec
 from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.shards.spec import NOT_INSTALLED
 from eaglebox.target.fingerprint import stale
@@ -35,24 +36,19 @@ from eaglebox.train.ttt import attention_choices
 from eaglebox.train.vocab import draft_vocab
 
 
-def check_header(header: dict, expected: dict, where: Path) -> None:
-    """Refuse shards captured otherwise than this config says, naming both values."""
-    if expected.get("engine_version") == NOT_INSTALLED:
-        raise EagleboxError(f"{where}: shards were captured with SGLang {header.get('engine_version')}, and SGLang is "
+def check_header(recorded: CaptureSpec, expected: CaptureSpec, where: Path) -> None:
+    """Refuse shards captured otherwise than this config says, naming every difference and both values."""
+    if expected.engine_version == NOT_INSTALLED:
+        raise EagleboxError(f"{where}: shards were captured with SGLang {recorded.engine_version}, and SGLang is "
                             "not installed here, so they cannot be checked against the engine that will serve the "
                             "draft; train where that SGLang is installed (the eaglebox image)")
-    if (why := stale(header.get("target") or {})) is not None:
+    if (why := stale(recorded.target.model_dump())) is not None:
         raise EagleboxError(f"{where}: the shards' target fingerprint was {why}; extract them again (into another "
                             "extract.output_dir) and train on those")
-    for key in ("engine", "engine_version", "architecture", "layer_ids", "captured_layer_inputs", "hidden_size",
-                "dtype", "target", "engine_options"):
-        have, want = header.get(key), expected.get(key)
-        if isinstance(have, dict) and isinstance(want, dict):  # name the item: target weights, an engine option
-            diff = [k for k in sorted(have.keys() | want.keys()) if have.get(k) != want.get(k)]
-            have, want = {k: have.get(k) for k in diff}, {k: want.get(k) for k in diff}
-        if have != want:
-            raise EagleboxError(f"{where}: shards have {key}={have!r}, the config implies {want!r}; re-extract or "
-                                "fix the config")
+    if diffs := recorded.diff(expected):
+        raise EagleboxError(f"{where}: shards have " + "; ".join(f"{k}={have!r}, the config implies {want!r}"
+                                                                  for k, (have, want) in diffs.items()) +
+                            "; re-extract or fix the config")
 
 
 def lr_lambda(warmup: int, total: int, min_ratio: float):
@@ -64,14 +60,14 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
     return f
 
 
-def run_train(cfg, expected_header: dict, log=print) -> Path:
+def run_train(cfg, expected: CaptureSpec, log=print) -> Path:
     t = cfg.train
     d = Dist()
     torch.manual_seed(t.seed)
     out = Path(t.output_dir)
     reader = ShardReader(cfg.extract.output_dir)
-    check_header(reader.header, expected_header, Path(cfg.extract.output_dir))
-    spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.header["layer_ids"]))
+    check_header(reader.capture, expected, Path(cfg.extract.output_dir))
+    spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.capture.layers.layer_ids))
     model = Eagle3Draft(spec)
     embed, head = load_embed_and_head(Path(cfg.model.path))
     model.embed_tokens.to(embed.dtype)  # frozen: kept in the target's dtype, as SGLang serves it
@@ -116,7 +112,7 @@ def run_train(cfg, expected_header: dict, log=print) -> Path:
             raise EagleboxError(f"none of the {len(held_ids)} held-out samples has a prompt and an answer to score")
         prov = provenance(reader, cfg)
         evaluator = heldout.Evaluator(out, lambda where, w: export_draft(where, spec, w, prov), embed, samples,
-                                      cfg.serve.num_steps, reader.header["engine_version"], isolated=d.world > 1,
+                                      cfg.serve.num_steps, reader.capture.engine_version, isolated=d.world > 1,
                                       device=str(d.device), log=log)
         evaluator.resume(step)
         log(f"train: {len(held_ids)} of {len(reader)} samples held out; {len(samples)} scored per evaluation "

@@ -39,8 +39,8 @@ def parity() -> bool:
     ok = all(v >= 0.999 for v in worst.values())
     print(f"(a) parity, hidden 4096, {len(rows)} samples, {sum(r['rows'] for r in rows)} rows: "
           + ", ".join(f"{k} cos>={v:.6f}" for k, v in worst.items()) + f" -> {'PASS' if ok else 'FAIL'}")
-    write_result("parity", {"samples": rows, "worst_cos": worst, "pass": ok, "layer_ids": spec["layer_ids"],
-                            "captured_layer_inputs": spec["captured_layer_inputs"]})
+    write_result("parity", {"samples": rows, "worst_cos": worst, "pass": ok, "layer_ids": list(spec.layers.layer_ids),
+                            "captured_layer_inputs": list(spec.layers.captured_layer_inputs)})
     return ok
 
 

@@ -74,7 +74,7 @@ def capture(cfg, prompts: list[list[int]], log_name: str):
     planned = [Planned(sample_id(p, spec), i + 1, p, [1] * len(p)) for i, p in enumerate(prompts)]
     out = cfg.extract.output_dir
     staging = out / ".staging"
-    srv = server_for(cfg, "capture", OUT / f"{log_name}.log", capture_dir=staging, layer_ids=spec["layer_ids"])
+    srv = server_for(cfg, "capture", OUT / f"{log_name}.log", capture_dir=staging, layer_ids=list(spec.layers.layer_ids))
     with srv:
         print(f"{log_name}: server healthy after {srv.startup_s:.0f} s", flush=True)
         run_extract(cfg, srv.url, spec, planned, None, staging, alive=srv.alive, log=lambda *_: None)
@@ -88,14 +88,14 @@ def row_cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def compare(reader, spec, model) -> list[dict]:
     """Per sample and captured tensor: min row cosine and whole-tensor cosine against ``model``'s
     forward (hidden_states[k] is the input of layer k; the last entry is after the final norm)."""
-    H = spec["hidden_size"]
+    H = spec.hidden_size
     results = []
     with torch.no_grad():
         for i in range(len(reader)):
             s = reader.get(i)
             hs = model(s["input_ids"][None].cuda(), output_hidden_states=True).hidden_states
             pairs = [(f"aux[{c}]=input_of_{k}", s["aux"][:, c * H:(c + 1) * H], hs[k][0])
-                     for c, k in enumerate(spec["captured_layer_inputs"])] + [("last", s["last"], hs[-1][0])]
+                     for c, k in enumerate(spec.layers.captured_layer_inputs)] + [("last", s["last"], hs[-1][0])]
             row = {"sample": i, "rows": int(s["input_ids"].numel())}
             for name, got, ref in pairs:
                 got = got.cuda()

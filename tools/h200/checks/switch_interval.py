@@ -28,9 +28,9 @@ def main() -> None:
     prompts = random_prompts(N, LENGTH, LENGTH, seed=3)
     tokens = N * LENGTH
     with server_for(cfgs["0.5ms"], "capture", OUT / "si-0.5ms-server.log", capture_dir=staging["0.5ms"],
-                    layer_ids=spec["layer_ids"]) as fast, \
+                    layer_ids=list(spec.layers.layer_ids)) as fast, \
          server_for(cfgs["5ms"], "capture", OUT / "si-5ms-server.log", capture_dir=staging["5ms"],
-                    layer_ids=spec["layer_ids"]) as slow:
+                    layer_ids=list(spec.layers.layer_ids)) as slow:
         timed_round(fast.url, prompts, staging["0.5ms"])  # warm-up
         timed_round(slow.url, prompts, staging["5ms"])
         rows = []

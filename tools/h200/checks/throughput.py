@@ -75,9 +75,9 @@ def main() -> None:
     tokens = N * LENGTH
     with server_for(plain_cfg, "plain", OUT / "tput-plain-server.log") as plain, \
          server_for(cap_cfg, "capture", OUT / "tput-capture-server.log", capture_dir=staging["capture"],
-                    layer_ids=spec["layer_ids"]) as cap, \
+                    layer_ids=list(spec.layers.layer_ids)) as cap, \
          server_for(slow_cfg, "capture", OUT / "tput-capture-5ms-server.log", capture_dir=staging["5ms"],
-                    layer_ids=spec["layer_ids"]) as slow:
+                    layer_ids=list(spec.layers.layer_ids)) as slow:
         timed_round(plain.url, prompts)  # warm-up: kernels compile on first use
         timed_round(cap.url, prompts, staging["capture"])
         timed_round(slow.url, prompts, staging["5ms"])
@@ -90,7 +90,7 @@ def main() -> None:
                          "capture_5ms_tok_s": tokens / n, "ratio_5ms": p / n})
             print(f"round {r}: plain {tokens / p:,.0f} tok/s, capture {tokens / c:,.0f} tok/s ({p / c:.2f}x), "
                   f"capture with a 5 ms switch interval {tokens / n:,.0f} tok/s ({p / n:.2f}x)", flush=True)
-    bpt = 4 * spec["hidden_size"] * 2
+    bpt = 4 * spec.hidden_size * 2
     disk = raw_disk_rate(tokens * bpt)
     for key, what in (("ratio", "capture"), ("ratio_5ms", "capture, 5 ms switch interval")):
         ratios = [r[key] for r in rows]
