@@ -32,7 +32,7 @@ import requests
 
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
-from eaglebox.extract.client import wait_for_files
+from eaglebox.extract.commit import wait_for_files
 from eaglebox.shards.requests import capture_rid
 from eaglebox.target.layers import sglang_layer_ids
 

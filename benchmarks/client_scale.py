@@ -243,8 +243,8 @@ def replay_old_manifest_cadence(final: dict, folder: Path) -> None:
 def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, concurrency: int, profile: str | None,
              log, resume_check: bool = False) -> tuple[Timer, dict]:
     from eaglebox.config import load_config
-    from eaglebox.extract import client as cl
-    from eaglebox.extract import diversity
+    from eaglebox.extract import commit, diversity
+    from eaglebox.extract import run as extract_run
     from eaglebox.shards import format as fmt
     from eaglebox.shards.spec import capture_spec
     from eaglebox.stages import extract as st
@@ -275,19 +275,19 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
         port = int(server.stdout.readline().split()[1])
         url = f"http://127.0.0.1:{port}"
         T = Timer(profile)
-        undo = [wrap(cl, "commit_shard", T, "  commit_shard"), wrap(cl, "save_manifest", T, "  save_manifest"),
-                wrap(cl, "wait_for_files", T, "  wait_for_files"),
+        undo = [wrap(extract_run, "commit_shard", T, "  commit_shard"), wrap(commit, "save_manifest", T, "  save_manifest"),
+                wrap(extract_run, "wait_for_files", T, "  wait_for_files"),
                 wrap(fmt, "ShardReader", T, "  ShardReader open"), wrap(st, "shard_answers", T, "  shard_answers"),
                 wrap(diversity, "answer_stats", T, "  answer_stats")]
         try:
             with T("prepare"):
-                plan = cl.prepare(cfg, spec, tok, log=log)
+                plan = extract_run.prepare(cfg, spec, tok, log=log)
             info["samples"] = len(plan.planned)
             lens = [len(p.input_ids) for p in plan.planned]
             info["tokens"] = sum(lens)
             info["len_min_mean_max"] = (min(lens), round(sum(lens) / len(lens)), max(lens))
             with T("capture+commit"):
-                manifest = cl.run_extract(cfg, url, spec, plan.planned, plan.manifest, staging, log=log)
+                manifest = extract_run.run_extract(cfg, url, spec, plan.planned, plan.manifest, staging, log=log)
             assert manifest["samples"] == len(plan.planned)
             shutil.rmtree(staging, ignore_errors=True)
             with T("corpus report"):
@@ -304,9 +304,9 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
                     ids, mask = reader.ids_and_mask(i)
                     total += int(mask.sum())
             if resume_check:
-                again = cl.prepare(cfg, spec, tok, log=lambda *a: None)  # as prepare above (not timed again)
+                again = extract_run.prepare(cfg, spec, tok, log=lambda *a: None)  # as prepare above (not timed again)
                 with T("resume check"):
-                    cl.run_extract(cfg, url, spec, again.planned, again.manifest, staging, log=log)
+                    extract_run.run_extract(cfg, url, spec, again.planned, again.manifest, staging, log=log)
             with T("  [pre-fix] manifest every shard"):
                 replay_old_manifest_cadence(json.loads((out / fmt.MANIFEST).read_text()), work / "replay")
         finally:

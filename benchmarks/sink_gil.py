@@ -40,7 +40,7 @@ from pathlib import Path
 
 import torch
 
-from eaglebox.extract.client import disk_write_rate
+from eaglebox.extract.throughput import disk_write_rate
 
 ROOT = Path(__file__).resolve().parents[1]
 THREADS_COMMIT = "0229102"  # the last sink with writer threads

@@ -20,7 +20,8 @@ from transformers import AutoTokenizer
 from eaglebox.bench.parity import parity_report
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
-from eaglebox.extract.client import ExtractError, capture, prepare
+from eaglebox.extract import ExtractError
+from eaglebox.extract.run import capture, prepare
 from eaglebox.shards.format import ShardReader, file_sha256
 from eaglebox.shards.spec import capture_spec
 

@@ -1,4 +1,4 @@
-from eaglebox.extract.client import Throughput, capture_bound, disk_write_rate
+from eaglebox.extract.throughput import Throughput, capture_bound, disk_write_rate
 
 GB = 10**9
 

@@ -14,7 +14,9 @@ import torch
 from conftest import small_spec
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.errors import EagleboxError
-from eaglebox.extract.client import ExtractError, Planned, check_resume, commit_shard, verify_staged
+from eaglebox.extract import ExtractError
+from eaglebox.extract.commit import commit_shard, verify_staged
+from eaglebox.extract.plan import Planned, check_resume
 from eaglebox.serve.provenance import differences
 from eaglebox.shards.capture import CaptureSpec, EngineOptions
 from eaglebox.shards.format import FORMAT, ShardError, ShardReader, check_index, read_sample, save_manifest

@@ -10,7 +10,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from eaglebox.capture.hook import VersionMismatch, check_sglang_version
-from eaglebox.extract.client import Client, ExtractError, bytes_per_token, check_disk, wait_for_files
+from eaglebox.extract import ExtractError
+from eaglebox.extract.commit import wait_for_files
+from eaglebox.extract.http import Client
+from eaglebox.extract.plan import bytes_per_token, check_disk
 
 
 def test_dead_server_gets_bounded_retries_then_a_clear_error():

@@ -12,7 +12,9 @@ from conftest import TINY_CONFIG, config_for_model
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError
-from eaglebox.extract.client import ExtractError, Planned, commit_shard, feature_bound, verify_staged
+from eaglebox.extract import ExtractError
+from eaglebox.extract.commit import commit_shard, feature_bound, verify_staged
+from eaglebox.extract.plan import Planned
 from eaglebox.shards.spec import capture_spec
 
 

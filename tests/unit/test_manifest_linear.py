@@ -13,8 +13,9 @@ import torch
 
 from conftest import config_for_model
 from eaglebox.capture.sink import CaptureSink
-from eaglebox.extract import client
-from eaglebox.shards.format import MANIFEST, ShardReader
+from eaglebox.extract import commit, run
+from eaglebox.extract.plan import Planned, sample_id
+from eaglebox.shards.format import MANIFEST, ShardReader, load_manifest
 from eaglebox.shards.spec import capture_spec
 
 
@@ -25,13 +26,13 @@ def stage_all(tiny_target, tmp_path, name: str, n: int):
     cfg = config_for_model(tmp_path, tiny_target, "capture.layer_ids=[0, 1, 2]", f"extract.dataset={data}",
                            f"extract.output_dir={tmp_path / name}", "extract.shard_size=1")
     spec = capture_spec(cfg).model_copy(update={"hidden_size": 8})
-    staging = tmp_path / name / client.STAGING
+    staging = tmp_path / name / commit.STAGING
     sink = CaptureSink(staging, header=spec.sample_header(), writers=1)
     planned = []
     g = torch.Generator().manual_seed(0)
     for i in range(n):
         ids = [3 + i % 7, 4, 5 + i]
-        p = client.Planned(client.sample_id(ids, spec), i + 1, ids, [0, 1, 1])
+        p = Planned(sample_id(ids, spec), i + 1, ids, [0, 1, 1])
         sink.add_chunk(f"eaglebox-{p.id}-0", p.id, ids, torch.randn(3, 24, generator=g).to(torch.bfloat16),
                        torch.randn(3, 8, generator=g).to(torch.bfloat16))
         planned.append(p)
@@ -43,14 +44,14 @@ def test_manifest_writes_stay_linear_and_every_committed_shard_is_recorded(tiny_
     n = 200
     cfg, spec, planned, staging = stage_all(tiny_target, tmp_path, "out", n)
     writes = []
-    real_save = client.save_manifest
+    real_save = commit.save_manifest
 
     def save(out, manifest):
         real_save(out, manifest)
         writes.append((len(manifest["shards"]), (out / MANIFEST).stat().st_size))
 
-    monkeypatch.setattr(client, "save_manifest", save)
-    manifest = client.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
+    monkeypatch.setattr(commit, "save_manifest", save)
+    manifest = run.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
     final = (tmp_path / "out" / MANIFEST).stat().st_size
     assert writes[-1] == (n, final)  # the last write records every shard
     assert writes[:8] == [(i + 1, writes[i][1]) for i in range(8)]  # the first shards, one write each
@@ -66,26 +67,26 @@ def test_a_failed_run_records_what_it_committed_and_the_rerun_matches_an_uninter
                                                                                            monkeypatch):
     n = 40
     cfg, spec, planned, staging = stage_all(tiny_target, tmp_path, "ref", n)
-    ref = client.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
+    ref = run.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
     cfg, spec, planned, staging = stage_all(tiny_target, tmp_path, "cut", n)
-    real_commit = client.commit_shard
+    real_commit = run.commit_shard
 
-    def commit(out, index, *a, **kw):
+    def failing_commit(out, index, *a, **kw):
         if index == 30:
             raise OSError(28, "No space left on device")
         return real_commit(out, index, *a, **kw)
 
-    monkeypatch.setattr(client, "commit_shard", commit)
+    monkeypatch.setattr(run, "commit_shard", failing_commit)
     with pytest.raises(OSError, match="No space left"):
-        client.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
+        run.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
     cut = json.loads((tmp_path / "cut" / MANIFEST).read_text())
     assert len(cut["shards"]) == 30 and cut["samples"] == 30  # those after the last regular write too
-    monkeypatch.setattr(client, "commit_shard", real_commit)
+    monkeypatch.setattr(run, "commit_shard", real_commit)
 
     # killed before the manifest recorded the last shards: the rerun commits them from their shard folders
     cut["shards"] = cut["shards"][:27]
     (tmp_path / "cut" / MANIFEST).write_text(json.dumps(cut))
-    resumed = client.run_extract(cfg, "http://unused", spec, planned, client.load_manifest(tmp_path / "cut"),
+    resumed = run.run_extract(cfg, "http://unused", spec, planned, load_manifest(tmp_path / "cut"),
                                  staging, log=lambda *a: None)
     assert resumed["shards"] == ref["shards"] and resumed["tokens"] == ref["tokens"] == 3 * n
     assert json.loads((tmp_path / "cut" / MANIFEST).read_text())["shards"] == ref["shards"]

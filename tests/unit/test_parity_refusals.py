@@ -18,7 +18,8 @@ from eaglebox.bench.parity import parity_report
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.config import load_config
 from eaglebox.errors import EagleboxError
-from eaglebox.extract.client import Planned, commit_shard
+from eaglebox.extract.commit import commit_shard
+from eaglebox.extract.plan import Planned
 from eaglebox.shards.format import FORMAT, ShardError, save_manifest
 from eaglebox.shards.spec import capture_spec
 

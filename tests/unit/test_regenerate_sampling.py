@@ -66,7 +66,8 @@ def test_cached_answers_are_reused_only_under_the_same_sampling(tmp_path, tiny_t
     rerun with no server at all, and a sampled rerun must ask the server again (here: none listening)."""
     from transformers import AutoTokenizer
 
-    from eaglebox.extract.client import Client, ExtractError
+    from eaglebox.extract import ExtractError
+    from eaglebox.extract.http import Client
 
     tok = AutoTokenizer.from_pretrained(tiny_target)
     msgs = [{"role": "user", "content": "Repeat after me: hello there"},

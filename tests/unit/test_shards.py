@@ -6,7 +6,9 @@ import torch
 
 from conftest import small_spec
 from eaglebox.capture.sink import CaptureSink
-from eaglebox.extract.client import ExtractError, Planned, commit_shard, verify_staged
+from eaglebox.extract import ExtractError
+from eaglebox.extract.commit import commit_shard, verify_staged
+from eaglebox.extract.plan import Planned
 from eaglebox.shards.format import FORMAT, ShardError, ShardReader, save_manifest
 
 SPEC = small_spec()

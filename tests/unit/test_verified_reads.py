@@ -18,7 +18,9 @@ import torch
 
 from conftest import config_for_model, small_spec
 from eaglebox.capture.sink import CaptureSink
-from eaglebox.extract.client import Planned, commit_shard, run_extract
+from eaglebox.extract.commit import commit_shard
+from eaglebox.extract.plan import Planned
+from eaglebox.extract.run import run_extract
 from eaglebox.shards.capture import CaptureSpec
 from eaglebox.shards.format import DAMAGED, FORMAT, ShardError, ShardReader, save_manifest
 from eaglebox.shards.requests import sample_id_from_rid

@@ -377,7 +377,7 @@ def write_sample(path: Path, input_ids: torch.Tensor | list[int], aux: list[torc
 
 def max_abs(parts: list[torch.Tensor], layers: int) -> list[float]:
     """The largest |value| of each of ``layers`` equal column blocks over the rows of ``parts``; nan or
-    inf when one is: the client's feature-health check reads it (``extract/client.py``)."""
+    inf when one is: the client's feature-health check reads it (``extract/commit.py``)."""
     per_part = [p.reshape(p.shape[0], layers, -1).abs().amax(dim=(0, 2)).float() for p in parts if p.shape[0]]
     return torch.stack(per_part).amax(0).tolist()
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import torch
 
-from eaglebox.extract.client import Client, Planned, capture_one, sample_id, verify_staged, wait_for_files
+from eaglebox.extract.commit import verify_staged, wait_for_files
+from eaglebox.extract.http import Client, capture_one
+from eaglebox.extract.plan import Planned, sample_id
 from eaglebox.shards.format import read_sample
 
 

@@ -19,8 +19,9 @@ RANDOM_CONTROL_MAX_AL = 1.3
 
 def run_gate(cfg, log=print) -> dict:
     from eaglebox.draft.offline import evaluate_draft
-    from eaglebox.extract.client import Client, capture, prepare
     from eaglebox.extract.collect import collect
+    from eaglebox.extract.http import Client
+    from eaglebox.extract.run import capture, prepare
     from eaglebox.shards.spec import capture_spec
     from eaglebox.stages.bench import heldout_prompts
     from eaglebox.stages.extract import capture_server, corpus_report, staging_dir

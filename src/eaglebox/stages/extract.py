@@ -14,7 +14,7 @@ from eaglebox.shards.spec import capture_spec
 
 def staging_dir(cfg) -> Path:
     """Where the capture server writes samples before the client commits them to shards."""
-    from eaglebox.extract.client import STAGING
+    from eaglebox.extract.commit import STAGING
 
     return Path(cfg.extract.output_dir) / STAGING
 
@@ -59,7 +59,7 @@ def corpus_report(cfg, tokenizer) -> dict:
 
 
 def run(cfg) -> int:
-    from eaglebox.extract.client import capture, prepare
+    from eaglebox.extract.run import capture, prepare
     from eaglebox.target.tokenizer import load_tokenizer
 
     if cfg.extract.dataset is None:

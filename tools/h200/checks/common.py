@@ -66,7 +66,8 @@ def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
 def capture(cfg, prompts: list[list[int]], log_name: str):
     """Capture ``prompts`` through eaglebox's client and server launch; returns (ShardReader, spec, s)."""
     from eaglebox.engine.launch import server_for
-    from eaglebox.extract.client import Planned, run_extract, sample_id
+    from eaglebox.extract.plan import Planned, sample_id
+    from eaglebox.extract.run import run_extract
     from eaglebox.shards.format import ShardReader
     from eaglebox.shards.spec import capture_spec
 

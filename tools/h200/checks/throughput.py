@@ -20,7 +20,7 @@ N, LENGTH, ROUNDS = 64, 2000, 3
 
 
 def timed_round(url: str, prompts, capture_dir=None) -> float:
-    from eaglebox.extract.client import wait_for_files
+    from eaglebox.extract.commit import wait_for_files
     from eaglebox.shards.requests import capture_rid
 
     def one(i):
