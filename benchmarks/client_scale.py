@@ -247,7 +247,6 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
     from eaglebox.extract import run as extract_run
     from eaglebox.shards import format as fmt
     from eaglebox.shards.spec import capture_spec
-    from eaglebox.stages import extract as st
     from eaglebox.target.tokenizer import load_tokenizer
     from eaglebox.train.dist import Dist
     from eaglebox.train.vocab import draft_vocab
@@ -268,7 +267,7 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
     spec = capture_spec(cfg).model_copy(update={"hidden_size": hidden})
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec.sample_header()))
-    staging = st.staging_dir(cfg)
+    staging = commit.staging_dir(cfg)
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(staging), str(spec_path)],
                               stdout=subprocess.PIPE, stderr=open(work / "server.log", "w"), text=True)
     try:
@@ -277,7 +276,7 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
         T = Timer(profile)
         undo = [wrap(extract_run, "commit_shard", T, "  commit_shard"), wrap(commit, "save_manifest", T, "  save_manifest"),
                 wrap(extract_run, "wait_for_files", T, "  wait_for_files"),
-                wrap(fmt, "ShardReader", T, "  ShardReader open"), wrap(st, "shard_answers", T, "  shard_answers"),
+                wrap(fmt, "ShardReader", T, "  ShardReader open"), wrap(diversity, "shard_answers", T, "  shard_answers"),
                 wrap(diversity, "answer_stats", T, "  answer_stats")]
         try:
             with T("prepare"):
@@ -291,7 +290,7 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
             assert manifest["samples"] == len(plan.planned)
             shutil.rmtree(staging, ignore_errors=True)
             with T("corpus report"):
-                report = st.corpus_report(cfg, tok)
+                report = diversity.corpus_report(cfg, tok)
             info["corpus"] = {k: report[k] for k in ("answers", "distinct_ratio", "repeated_ngram_dominant_share",
                                                      "max_repeated_ngram_share", "mean_words")}
             with T("vocab pass"):

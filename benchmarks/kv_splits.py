@@ -18,7 +18,7 @@ from eaglebox.bench.served import run_prompts
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
 from eaglebox.engine.server import free_port
-from eaglebox.stages.bench import heldout_prompts
+from eaglebox.extract.prompts import heldout_prompts
 from eaglebox.target.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ from transformers import AutoTokenizer
 
 from conftest import config_for_model
 from eaglebox.extract.dataset import BadRow, prompt_ids, read_rows, tokenize
-from eaglebox.stages.bench import heldout_prompts
+from eaglebox.extract.prompts import heldout_prompts
 from eaglebox.target.tokenizer import load_tokenizer
 from eaglebox_dev import code_corpus, tiny
 

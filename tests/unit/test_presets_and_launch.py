@@ -93,12 +93,13 @@ def test_cpu_attention_backend_follows_the_architecture(tmp_path):
 
 
 def test_torch_native_with_an_mla_target_is_refused_before_the_server_starts(tmp_path, monkeypatch):
+    import eaglebox.extract.run as extract_run
     import eaglebox.stages.extract as stage
 
     mla = tmp_path / "mla"
     mla.mkdir()
     (mla / "config.json").write_text(json.dumps(DEEPSEEK_CONFIG))
-    monkeypatch.setattr(stage, "server_for", lambda *a, **k: pytest.fail("a server was built"))
+    monkeypatch.setattr(extract_run, "server_for", lambda *a, **k: pytest.fail("a server was built"))
     cfg = load_config("configs/tiny-cpu.yaml", [f"model.path={mla}", "model.dtype=float32", "capture.layer_ids=[1, 2, 3]",
                                                 "engine.attention_backend=torch_native",
                                                 f"extract.output_dir={tmp_path / 'shards'}"])

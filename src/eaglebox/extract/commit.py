@@ -35,6 +35,11 @@ from eaglebox.shards.format import (
 from eaglebox.target.weights import load_embedding
 
 STAGING = ".staging"
+
+
+def staging_dir(cfg) -> Path:
+    """Where the capture server writes samples before the client commits them to shards."""
+    return Path(cfg.extract.output_dir) / STAGING
 MANIFEST_SAVE_SHARE = 8
 """The manifest (every sample's entry) is rewritten after a shard once the samples committed since its
 last write are at least 1/8 of all it records, and at the end (or on an error): the bytes written stay

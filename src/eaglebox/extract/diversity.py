@@ -7,7 +7,9 @@ extraction report so that a corpus like that is visible before anything is train
 
 from __future__ import annotations
 
+import json
 from collections import Counter
+from pathlib import Path
 
 DOMINANT_SHARE = 0.5
 """An answer whose longest repeated n-gram covers more than this share of its words is dominated by it."""
@@ -128,3 +130,34 @@ def answer_stats(answers: list[str]) -> dict:
             "max_repeated_ngram_share": round(max(shares), 4),
             "mean_words": round(sum(len(a.split()) for a in texts) / len(texts), 1),
             "most_common": {"text": top[:120], "count": top_count}}
+
+
+CORPUS = "corpus.json"
+"""The answers' corpus numbers (:func:`corpus_report`), beside the shards."""
+
+
+def shard_answers(reader, tokenizer) -> list[str]:
+    """Every answer in the shards, as text: each run of loss-masked tokens of each sample, decoded
+    without special tokens (the target's own answers when extraction regenerated them)."""
+    import torch
+
+    out = []
+    for i in range(len(reader)):
+        ids, mask = reader.ids_and_mask(i)
+        m = torch.cat([torch.zeros(1, dtype=torch.bool), mask.bool(), torch.zeros(1, dtype=torch.bool)])
+        edges = (m[1:] != m[:-1]).nonzero().flatten().tolist()
+        for a, b in zip(edges[::2], edges[1::2]):
+            out.append(tokenizer.decode(ids[a:b].tolist(), skip_special_tokens=True))
+    return out
+
+
+def corpus_report(cfg, tokenizer) -> dict:
+    """How varied the shards' answers are (:func:`eaglebox.extract.diversity.answer_stats`: distinct-answer
+    ratio, share of answers dominated by their longest repeated n-gram); written to ``corpus.json`` in
+    ``extract.output_dir`` and returned."""
+    from eaglebox.shards.format import ShardReader
+
+    out = Path(cfg.extract.output_dir)
+    report = {"regenerated": cfg.extract.regenerate, **answer_stats(shard_answers(ShardReader(out), tokenizer))}
+    (out / CORPUS).write_text(json.dumps(report, indent=1) + "\n")
+    return report

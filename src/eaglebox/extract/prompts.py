@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eaglebox.extract.dataset import BadRow, prompt_ids, read_rows
+from eaglebox.extract.dataset import BadRow, prompt_ids, read_chat_template, read_rows
 
 
 def load_prompts(path: Path, tokenizer, n: int, fmt: str = "auto", chat_template: str | None = None) -> list[list[int]]:
@@ -16,3 +16,9 @@ def load_prompts(path: Path, tokenizer, n: int, fmt: str = "auto", chat_template
         if len(prompts) == n:
             break
     return prompts
+
+
+def heldout_prompts(cfg, tokenizer) -> list[list[int]]:
+    """``bench.num_prompts`` prompts from ``bench.prompts``, rendered as extraction renders them."""
+    return load_prompts(cfg.bench.prompts, tokenizer, cfg.bench.num_prompts,
+                        chat_template=read_chat_template(cfg.extract.chat_template))

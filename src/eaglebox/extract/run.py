@@ -24,11 +24,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eaglebox import progress
+from eaglebox.engine.launch import server_for
 from eaglebox.extract.commit import (
     ManifestLedger,
     commit_shard,
     feature_bound,
     set_aside_damaged,
+    staging_dir,
     wait_for_files,
 )
 from eaglebox.extract.dataset import Row
@@ -160,3 +162,10 @@ def run_extract(cfg, url: str, spec: CaptureSpec, planned: list[Planned], manife
     if report is not None:
         report.update(speed.report())
     return manifest
+
+
+def capture_server(cfg, spec: CaptureSpec, log_path: Path):
+    """An (unstarted) capture server for ``spec``'s layers, writing to :func:`staging_dir` samples that
+    record ``spec`` (:meth:`CaptureSpec.sample_header`)."""
+    return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg), layer_ids=list(spec.layers.layer_ids),
+                      sample_header=spec.sample_header())

@@ -7,17 +7,9 @@ from pathlib import Path
 from eaglebox.errors import EagleboxError
 
 
-def heldout_prompts(cfg, tokenizer) -> list[list[int]]:
-    """``bench.num_prompts`` prompts from ``bench.prompts``, rendered as extraction renders them."""
-    from eaglebox.extract.dataset import read_chat_template
-    from eaglebox.extract.prompts import load_prompts
-
-    return load_prompts(cfg.bench.prompts, tokenizer, cfg.bench.num_prompts,
-                        chat_template=read_chat_template(cfg.extract.chat_template))
-
-
 def run(cfg) -> int:
     from eaglebox.bench.rounds import Bench
+    from eaglebox.extract.prompts import heldout_prompts
     from eaglebox.serve.provenance import check_provenance
     from eaglebox.shards.spec import capture_spec
     from eaglebox.target.tokenizer import load_tokenizer

@@ -20,11 +20,12 @@ RANDOM_CONTROL_MAX_AL = 1.3
 def run_gate(cfg, log=print) -> dict:
     from eaglebox.draft.offline import evaluate_draft
     from eaglebox.extract.collect import collect
+    from eaglebox.extract.commit import staging_dir
+    from eaglebox.extract.diversity import corpus_report
     from eaglebox.extract.http import Client
-    from eaglebox.extract.run import capture, prepare
+    from eaglebox.extract.prompts import heldout_prompts
+    from eaglebox.extract.run import capture, capture_server, prepare
     from eaglebox.shards.spec import capture_spec
-    from eaglebox.stages.bench import heldout_prompts
-    from eaglebox.stages.extract import capture_server, corpus_report, staging_dir
     from eaglebox.target.tokenizer import load_tokenizer
     from eaglebox.target.weights import load_embed_and_head
     from eaglebox.train.control import export_control_draft

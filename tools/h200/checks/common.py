@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 from pathlib import Path
 
 import torch
@@ -32,6 +33,22 @@ def make_llama(name: str, layers: int, shape: dict, seed: int = 0) -> Path:
         model.save_pretrained(path)
         del model
         torch.cuda.empty_cache()
+    return path
+
+
+def save_target(model, path: Path, files: list[Path]) -> Path:
+    """``model`` in bf16 at ``path`` (config.json saying so) with ``files`` (tokenizer, chat template)
+    beside it: written into a sibling and renamed into place, so a cut run leaves no target that looks made."""
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    for f in files:
+        shutil.copy(f, tmp / f.name)
+    cfg = json.loads((tmp / "config.json").read_text())
+    cfg["dtype"] = "bfloat16"
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+    tmp.replace(path)
+    torch.cuda.empty_cache()
     return path
 
 

@@ -30,6 +30,9 @@ from pathlib import Path
 import torch
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save_target  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 WORK = Path("/tmp/h200-quality")
@@ -76,17 +79,9 @@ def make_target(steps: int, convs: int) -> Path:
     recipe = {"steps": steps, "seq_len": 256, "batch_size": 32, "lr": 6e-4, "seed": 0}
     train_lm(model, ids, recipe, mask=mask, starts=starts, device="cuda", log=log)
     log(f"target: {steps} steps in {time.monotonic() - t0:.0f} s")
-    tmp = path.with_name("target.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.to(torch.bfloat16).save_pretrained(tmp)
-    for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
-        shutil.copy(TINY / f, tmp / f)
-    cfg = json.loads((tmp / "config.json").read_text())
-    cfg["dtype"] = "bfloat16"
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-    tmp.replace(path)
+    save_target(model, path, [TINY / f for f in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
+                                                  "generation_config.json")])
     del model
-    torch.cuda.empty_cache()
     return path
 
 

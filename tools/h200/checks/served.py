@@ -39,6 +39,9 @@ from pathlib import Path
 import requests
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import save_target  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 CARRY = ROOT / ".cache" / "h200" / "carry"
@@ -106,17 +109,8 @@ def make_shallow(path: Path, steps: int, seq_len: int, batch: int) -> Path:
     RESULT["target_training"] = {**recipe, "conversations": len(convs), "tokens": len(ids), "final_loss": round(loss, 4),
                                  "tokens_seen": steps * seq_len * batch, "s": round(time.monotonic() - t0, 1)}
     log(f"target: {steps} steps in {time.monotonic() - t0:.0f} s, final loss {loss:.3f}")
-    tmp = path.with_name(path.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.to(torch.bfloat16).save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    shutil.copy(CORPUS / "tokenizer" / "chat_template.jinja", tmp / "chat_template.jinja")
-    cfg = json.loads((tmp / "config.json").read_text())
-    cfg["dtype"] = "bfloat16"
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-    tmp.replace(path)
+    save_target(model, path, sorted((CORPUS / "tokenizer").iterdir()))
     del model
-    torch.cuda.empty_cache()
     return path
 
 
@@ -331,7 +325,7 @@ def stage_decode_reference(rounds: int = 3, new: int = 128, shape: Path | None =
     from eaglebox.bench.rounds import server_cfg
     from eaglebox.engine.launch import server_for
     from eaglebox.engine.server import free_port
-    from eaglebox.stages.bench import heldout_prompts
+    from eaglebox.extract.prompts import heldout_prompts
     from eaglebox.target.tokenizer import load_tokenizer
 
     if "decode_reference" in RESULT:
