@@ -67,56 +67,26 @@ def run_train(cfg, expected: CaptureSpec, log=print) -> Path:
     out = Path(t.output_dir)
     reader = ShardReader(cfg.extract.output_dir)
     check_header(reader.capture, expected, Path(cfg.extract.output_dir))
-    spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.capture.layers.layer_ids))
-    model = Eagle3Draft(spec)
-    embed, head = load_embed_and_head(Path(cfg.model.path))
-    model.embed_tokens.to(embed.dtype)  # frozen: kept in the target's dtype, as SGLang serves it
-    with torch.no_grad():
-        model.embed_tokens.weight.copy_(embed)
-        d2t, t2d = draft_vocab(reader, spec.vocab_size, spec.draft_vocab_size, d)  # collective
-        model.d2t.copy_(d2t)
-        model.t2d.copy_(t2d)
-    model.to(d.device)
-    if d.device.type == "cuda":
-        model.compile_steps(t.max_length)
-    head = head.to(d.device)
+    spec, model, embed, head = build_draft(cfg, reader, d)
     ddp = parallelize(model, t.parallel, d.world)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, t.lr, t.weight_decay)
     train_ids, held_ids = heldout.split(len(reader), t.heldout_share, t.seed)
-    per_epoch = steps_per_epoch(len(train_ids), d.world, t.batch_size)
-    if per_epoch == 0:
-        raise EagleboxError(f"{len(train_ids)} training samples are fewer than one step ({d.world} ranks x batch "
-                            f"{t.batch_size})")
-    total = min(t.max_steps or per_epoch * t.epochs, per_epoch * t.epochs)
+    per_epoch, total = plan_steps(len(train_ids), d.world, t)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, total, t.min_lr_ratio))
     ckpt_dir = out / "checkpoints"
     step = 0
     resume = checkpoint.latest(ckpt_dir)
-    data_order = {"shards": manifest_digest(reader.manifest), "batch_size": t.batch_size,
-                  "max_length": t.max_length, "seed": t.seed}
-    if t.heldout_share:  # only then: checkpoints of runs without a held-out split stay resumable
-        data_order["heldout_share"] = t.heldout_share
+    order = data_order(reader, t)
     if resume is not None:
-        step = checkpoint.load(resume, model, optimizer, scheduler, d.rank, d.world, data_order)["step"]
+        step = checkpoint.load(resume, model, optimizer, scheduler, d.rank, d.world, order)["step"]
         if d.rank == 0:
             log(f"train: resumed from {resume} (step {step}/{total})")
     metrics_path = out / "metrics.jsonl"
     if d.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         _truncate_metrics(metrics_path, step)
-    evaluator = None
-    if held_ids and d.rank == 0:
-        samples = heldout.requests(reader, held_ids, t.max_length, t.eval_max_samples)
-        if not samples:
-            raise EagleboxError(f"none of the {len(held_ids)} held-out samples has a prompt and an answer to score")
-        prov = provenance(reader, cfg)
-        evaluator = heldout.Evaluator(out, lambda where, w: export_draft(where, spec, w, prov), embed, samples,
-                                      cfg.serve.num_steps, reader.capture.engine_version, isolated=d.world > 1,
-                                      device=str(d.device), log=log)
-        evaluator.resume(step)
-        log(f"train: {len(held_ids)} of {len(reader)} samples held out; {len(samples)} scored per evaluation "
-            f"(chain of {cfg.serve.num_steps}, SGLang's draft class)")
+    evaluator = make_evaluator(cfg, reader, spec, embed, held_ids, step, d, log) if held_ids and d.rank == 0 else None
 
     def evaluate(at: int) -> None:
         w = checkpoint.trainable_state(model)  # collective under FSDP
@@ -150,10 +120,7 @@ def run_train(cfg, expected: CaptureSpec, log=print) -> Path:
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
         if d.rank == 0 and logged:
             row = {"step": step, "epoch": epoch, "lr": float(scheduler.get_last_lr()[0]), "grad_norm": float(grad_norm),
-                   "loss": float((weights.cpu() * stats[0]).sum() / stats[2][0].clamp_min(1)),
-                   "loss_per_position": (stats[0] / stats[2].clamp_min(1)).tolist(),
-                   "acc_per_position": (stats[1] / stats[2].clamp_min(1)).tolist(),
-                   "tokens_per_s": int(tokens_seen) * d.world / (time.monotonic() - t0)}
+                   **step_stats(stats, weights), "tokens_per_s": int(tokens_seen) * d.world / (time.monotonic() - t0)}
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_per_position'][0]:.2f}",
@@ -164,29 +131,96 @@ def run_train(cfg, expected: CaptureSpec, log=print) -> Path:
         if step % t.checkpoint_every == 0 or step == total:
             checkpoint.save(ckpt_dir, step, model, optimizer, scheduler,
                             {"epoch": epoch, "step_in_epoch": in_epoch + 1}, d.rank, d.world, d.barrier,
-                            t.keep_checkpoints, data_order)
+                            t.keep_checkpoints, order)
     bar.close()
-    draft_dir = out / "draft"
     weights_out = checkpoint.trainable_state(model)  # collective under FSDP
     if d.rank == 0:
-        from eaglebox.train.plots import plot_metrics
-
-        # the TTT attention kernel chosen per GPU from its shared memory (SM120: small flex blocks)
-        report = {"steps": total, "attention": attention_choices() or {"cpu": "eager dense reference"}}
-        if evaluator is None:
-            export_draft(draft_dir, spec, weights_out, provenance(reader, cfg))
-        else:
-            report |= {"train_samples": len(train_ids), "heldout_samples": len(held_ids),
-                       **evaluator.finish(draft_dir, weights_out, t.export)}
-            b, u = report["best"], report["untrained"]
-            log(f"train: exported the {report['exported']} draft (step {report['exported_step']}); held-out AL best "
-                f"{b['accept_length'] if b else float('nan'):.3f}, last {report['last']['accept_length']:.3f}"
-                + (f", untrained {u['accept_length']:.3f}" if u else "") + f"; report {out / 'report.json'}")
-        (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
-        plot_metrics(metrics_path, out / "curves.png", evals=out / heldout.EVALS)
-        log(f"train: exported {draft_dir}; curves {out / 'curves.png'}")
+        publish(cfg, reader, spec, weights_out, evaluator, total, len(train_ids), len(held_ids), log)
     d.barrier()
-    return draft_dir
+    return out / "draft"
+
+
+def plan_steps(n_train: int, world: int, t) -> tuple[int, int]:
+    """Steps an epoch and in all (``train.max_steps`` caps ``train.epochs``)."""
+    per_epoch = steps_per_epoch(n_train, world, t.batch_size)
+    if per_epoch == 0:
+        raise EagleboxError(f"{n_train} training samples are fewer than one step ({world} ranks x batch {t.batch_size})")
+    return per_epoch, min(t.max_steps or per_epoch * t.epochs, per_epoch * t.epochs)
+
+
+def data_order(reader: ShardReader, t) -> dict:
+    """What fixes the order of batches: a checkpoint resumes only where it is the same."""
+    order = {"shards": manifest_digest(reader.manifest), "batch_size": t.batch_size, "max_length": t.max_length,
+             "seed": t.seed}
+    if t.heldout_share:  # only then: checkpoints of runs without a held-out split stay resumable
+        order["heldout_share"] = t.heldout_share
+    return order
+
+
+def build_draft(cfg, reader: ShardReader, d: Dist):
+    """The draft at step 0 on ``d``'s device: the target's frozen embedding, the draft vocabulary counted
+    over the shards (collective), compiled steps on a GPU; with the target's lm_head there too."""
+    t = cfg.train
+    spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.capture.layers.layer_ids))
+    model = Eagle3Draft(spec)
+    embed, head = load_embed_and_head(Path(cfg.model.path))
+    model.embed_tokens.to(embed.dtype)  # frozen: kept in the target's dtype, as SGLang serves it
+    with torch.no_grad():
+        model.embed_tokens.weight.copy_(embed)
+        d2t, t2d = draft_vocab(reader, spec.vocab_size, spec.draft_vocab_size, d)  # collective
+        model.d2t.copy_(d2t)
+        model.t2d.copy_(t2d)
+    model.to(d.device)
+    if d.device.type == "cuda":
+        model.compile_steps(t.max_length)
+    return spec, model, embed, head.to(d.device)
+
+
+def make_evaluator(cfg, reader: ShardReader, spec, embed, held_ids: list[int], step: int, d: Dist, log):
+    """Rank 0's held-out evaluator (SGLang's draft class on the held-out samples), resumed at ``step``."""
+    t = cfg.train
+    samples = heldout.requests(reader, held_ids, t.max_length, t.eval_max_samples)
+    if not samples:
+        raise EagleboxError(f"none of the {len(held_ids)} held-out samples has a prompt and an answer to score")
+    prov = provenance(reader, cfg)
+    evaluator = heldout.Evaluator(Path(t.output_dir), lambda where, w: export_draft(where, spec, w, prov), embed,
+                                  samples, cfg.serve.num_steps, reader.capture.engine_version, isolated=d.world > 1,
+                                  device=str(d.device), log=log)
+    evaluator.resume(step)
+    log(f"train: {len(held_ids)} of {len(reader)} samples held out; {len(samples)} scored per evaluation "
+        f"(chain of {cfg.serve.num_steps}, SGLang's draft class)")
+    return evaluator
+
+
+def step_stats(stats: torch.Tensor, weights: torch.Tensor) -> dict:
+    """Loss (weighted over TTT positions), loss and accuracy per position, from the summed step stats."""
+    return {"loss": float((weights.cpu() * stats[0]).sum() / stats[2][0].clamp_min(1)),
+            "loss_per_position": (stats[0] / stats[2].clamp_min(1)).tolist(),
+            "acc_per_position": (stats[1] / stats[2].clamp_min(1)).tolist()}
+
+
+def publish(cfg, reader: ShardReader, spec, weights: dict, evaluator, total: int, n_train: int, n_held: int,
+            log) -> None:
+    """Rank 0, after the last step: the draft exported (the best held-out one when evaluating), the
+    report and the curves."""
+    from eaglebox.train.plots import plot_metrics
+
+    out = Path(cfg.train.output_dir)
+    draft_dir = out / "draft"
+    # the TTT attention kernel chosen per GPU from its shared memory (SM120: small flex blocks)
+    report = {"steps": total, "attention": attention_choices() or {"cpu": "eager dense reference"}}
+    if evaluator is None:
+        export_draft(draft_dir, spec, weights, provenance(reader, cfg))
+    else:
+        report |= {"train_samples": n_train, "heldout_samples": n_held,
+                   **evaluator.finish(draft_dir, weights, cfg.train.export)}
+        b, u = report["best"], report["untrained"]
+        log(f"train: exported the {report['exported']} draft (step {report['exported_step']}); held-out AL best "
+            f"{b['accept_length'] if b else float('nan'):.3f}, last {report['last']['accept_length']:.3f}"
+            + (f", untrained {u['accept_length']:.3f}" if u else "") + f"; report {out / 'report.json'}")
+    (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    plot_metrics(out / "metrics.jsonl", out / "curves.png", evals=out / heldout.EVALS)
+    log(f"train: exported {draft_dir}; curves {out / 'curves.png'}")
 
 
 def parallelize(model: Eagle3Draft, how: str, world: int) -> torch.nn.Module:
