@@ -205,6 +205,7 @@ def test_rerunning_extract_sets_damaged_samples_aside_and_captures_them_again(ti
         assert any(f"{cut}: not a complete sample file" in line for line in log), log
         assert any(f"{index}: sha256 differs" in line and "shard-00001.safetensors will be committed again" in line
                    for line in log), log
+        assert not any("eaglebox extract` again" in line for line in log), log  # the rerun is that repair
         assert index.read_bytes() == good_index  # rewritten from its intact samples, none captured again
         assert (out / DAMAGED / "shard-00000" / flipped.name).exists()
         reader = ShardReader(out, verify=True)  # repaired: every sample verifies, byte for byte the first capture's
