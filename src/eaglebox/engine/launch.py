@@ -75,9 +75,9 @@ def _sglang_parser() -> tuple[_SGLangArgs, dict]:
     return parser, vars(parser.parse_args(["--model-path", "-"]))
 
 
-BACKEND_KEYS = {"engine.attention_backend": "--attention-backend", "engine.moe_runner_backend": "--moe-runner-backend",
-                "serve.draft_attention_backend": "--speculative-draft-attention-backend"}
-"""The backend names eaglebox passes to SGLang, checked against its parser's choices before a server starts."""
+BACKEND_KEYS = {"engine.attention_backend": "--attention-backend", "engine.moe_runner_backend": "--moe-runner-backend"}
+"""The backend names eaglebox passes to SGLang that its parser lists choices for (its
+``--speculative-draft-attention-backend`` lists none), checked before a server starts."""
 
 
 @functools.cache
@@ -88,8 +88,7 @@ def _choices(flag: str) -> tuple[str, ...]:
 def check_backends(cfg: Config) -> None:
     """Refuse a backend name SGLang would refuse only after its server started (``Triton`` for ``triton``)."""
     values = {"engine.attention_backend": cfg.engine.attention_backend,
-              "engine.moe_runner_backend": cfg.engine.moe_runner_backend,
-              "serve.draft_attention_backend": cfg.serve.draft_attention_backend}
+              "engine.moe_runner_backend": cfg.engine.moe_runner_backend}
     for key, value in values.items():
         if value is None:
             continue
