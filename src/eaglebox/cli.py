@@ -10,6 +10,7 @@ from pathlib import Path
 
 from eaglebox.config import ConfigError, dump_config, load_config
 from eaglebox.errors import EagleboxError
+from eaglebox.progress import end_bars
 
 STAGES = {
     "extract": "capture the target's EAGLE-3 features to shards through a patched SGLang server",
@@ -102,29 +103,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _run(args: argparse.Namespace) -> int:
+    if args.verb == "tiny":
+        from eaglebox_dev.tiny import write_chat_data
+
+        if args.arch == "deepseek_v3":
+            from eaglebox_dev.tiny_mla import make_tiny_mla_target as make
+        else:
+            from eaglebox_dev.tiny import make_tiny_target as make
+        out = args.out or TINY_ARCHS[args.arch]
+        make(out / "target")
+        paths = write_chat_data(out / "data")
+        print(f"tiny data: {paths['train']} and {paths['heldout']}")
+        return 0
+    if args.verb == "config":
+        cfg = _load(args.config, args.overrides)
+        check_config(cfg, args.config)
+        print(dump_config(cfg), end="")
+        return 0
+    cfg = _load(args.config, args.overrides)
+    check_config(cfg, args.config)
+    return _stage(args.verb)(cfg) or 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        if args.verb == "tiny":
-            from eaglebox_dev.tiny import write_chat_data
-
-            if args.arch == "deepseek_v3":
-                from eaglebox_dev.tiny_mla import make_tiny_mla_target as make
-            else:
-                from eaglebox_dev.tiny import make_tiny_target as make
-            out = args.out or TINY_ARCHS[args.arch]
-            make(out / "target")
-            paths = write_chat_data(out / "data")
-            print(f"tiny data: {paths['train']} and {paths['heldout']}")
-            return 0
-        if args.verb == "config":
-            cfg = _load(args.config, args.overrides)
-            check_config(cfg, args.config)
-            print(dump_config(cfg), end="")
-            return 0
-        cfg = _load(args.config, args.overrides)
-        check_config(cfg, args.config)
-        return _stage(args.verb)(cfg) or 0
+        try:
+            return _run(args)
+        finally:
+            end_bars()  # an error printed below stands on its own line, after the bar, not on it
     except ConfigError as err:
         print(f"eaglebox: config error:\n{err}", file=sys.stderr)
         return 2

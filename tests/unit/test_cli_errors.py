@@ -101,3 +101,14 @@ def test_config_errors_stay_one_message_per_key(tmp_path):
     r = eaglebox_cli("config", "show", str(bad))
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
     assert f"{bad}: not UTF-8 text (byte 20: b'\\xff'); save the config as UTF-8" in r.stderr
+
+
+@pytest.mark.parametrize("override, why", [
+    ("engine.attention_backend=Triton", "engine.attention_backend: 'Triton' is not a choice of SGLang 0.5.23's "
+                                        "--attention-backend; write 'triton'"),
+    ("engine.moe_runner_backend=tritonn", "engine.moe_runner_backend: 'tritonn' is not a choice of SGLang 0.5.23's "
+                                          "--moe-runner-backend; choose one of auto, "),
+])
+def test_backend_names_are_checked_against_sglangs_own_choices(override, why):
+    err = refused("config", "show", str(TINY_CONFIG), override)
+    assert err.startswith(f"eaglebox config: {TINY_CONFIG}: {why}"), err

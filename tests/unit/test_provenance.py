@@ -97,3 +97,33 @@ def test_weights_fingerprint_reads_the_index(tmp_path):
     (d / "part-2.safetensors").unlink()
     with pytest.raises(EagleboxError, match=r"model.safetensors.index.json names \['part-2.safetensors'\], which"):
         weights_digest(d)
+
+
+def test_extra_args_are_allowed_to_differ_flag_by_flag_and_only_flags_that_keep_hidden_states(tmp_path):
+    from eaglebox.config import ConfigError
+
+    a = tiny_target(tmp_path / "a", 0)
+    draft = trained_on(tmp_path, cfg_for(tmp_path, a, tmp_path / "draft"))
+    splits = 'engine.extra_args=["--triton-attention-num-kv-splits", "1"]'
+    allow = "serve.allow_engine_differences=[extra_args.triton_attention_num_kv_splits]"
+    with pytest.raises(EagleboxError, match=r"do not produce:\n  engine option extra_args.triton_attention_num_kv_"
+                                            r"splits: draft None vs serving 1\n\("):
+        check(cfg_for(tmp_path, a, draft, splits))
+    assert check(cfg_for(tmp_path, a, draft, splits, allow))["mismatches"] == []
+    both = 'engine.extra_args=["--triton-attention-num-kv-splits", "1", "--prefill-attention-backend", "triton"]'
+    with pytest.raises(EagleboxError, match=r"do not produce:\n  engine option extra_args.prefill_attention_backend: "
+                                            r"draft None vs serving 'triton'\n\("):
+        check(cfg_for(tmp_path, a, draft, both, allow))
+    for name in ("extra_args", "extra_args.prefill_attention_backend"):
+        with pytest.raises(ConfigError, match=rf"serve.allow_engine_differences.*'{name}' cannot be allowed to differ: "
+                                              r"name engine options .* or extra_args flags that cannot change hidden "
+                                              r"states \(extra_args.triton_attention_num_kv_splits, "):
+            cfg_for(tmp_path, a, draft, f"serve.allow_engine_differences=[{name}]")
+
+
+@pytest.mark.parametrize("name", ["tiny-cpu-served", "tiny-mla-cpu-served"])
+def test_the_shipped_served_configs_allow_only_named_flags(name):
+    from conftest import ROOT
+
+    cfg = load_config(ROOT / "configs" / f"{name}.yaml", [])
+    assert not any(a == "extra_args" for a in cfg.serve.allow_engine_differences)

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 import torch
 
-from conftest import config_for_model, small_spec
+from conftest import config_for_model, eaglebox_cli, small_spec
 from eaglebox.capture.sink import CaptureSink
 from eaglebox.extract.commit import commit_shard
 from eaglebox.extract.plan import Planned
@@ -103,6 +103,25 @@ def test_training_stops_at_the_first_damaged_sample_naming_it_and_the_repair(tin
     damaged.write_bytes(damaged.read_bytes()[:-3])  # cut short: the same advice
     with pytest.raises(ShardError, match=f"{damaged}: not a complete sample file .*; {REPAIR}"):
         run_train(cfg, spec, log=lambda *_: None)
+
+
+def test_an_error_raised_under_a_progress_bar_ends_the_bar_and_stands_on_its_own_last_line(tiny_target, tmp_path):
+    from eaglebox.shards.spec import capture_spec
+
+    overrides = ["capture.layer_ids=[0, 1, 2]", f"extract.output_dir={tmp_path / 'shards'}",
+                 f"train.output_dir={tmp_path / 'train'}", "train.draft.draft_vocab_size=64", "train.batch_size=2",
+                 "train.max_length=16", "train.ttt_length=2", "train.dtype=float32", "train.log_every=1"]
+    cfg = config_for_model(tmp_path, tiny_target, *overrides)
+    g = torch.Generator().manual_seed(0)
+    write_shards(tmp_path / "shards", tmp_path / "staging", capture_spec(cfg),
+                 [torch.randint(3, 2048, (12,), generator=g).tolist() for _ in range(8)], 4)
+    damaged = tmp_path / "shards" / "shard-00001" / f"{6:032x}.safetensors"
+    flip_feature_byte(damaged)
+    r = eaglebox_cli("train", "--config", str(tmp_path / "c.yaml"), *overrides, timeout=300)
+    assert r.returncode == 1 and "train:" in r.stderr, r.stderr  # the bar was drawn
+    *before, last = r.stderr.split("\n")[:-1]
+    assert last.startswith(f"eaglebox train: {damaged}: its tensors' sha256 differs"), r.stderr[-2000:]
+    assert "\r" not in last and before, r.stderr[-2000:]  # on its own line, the bar's ended before it
 
 
 def test_parity_verifies_every_sample_not_only_those_it_compares(tmp_path):
@@ -207,6 +226,7 @@ def test_rerunning_extract_sets_damaged_samples_aside_and_captures_them_again(ti
         assert any(f"{cut}: not a complete sample file" in line for line in log), log
         assert any(f"{index}: sha256 differs" in line and "shard-00001.safetensors will be committed again" in line
                    for line in log), log
+        assert not any("eaglebox extract` again" in line for line in log), log  # the rerun is that repair
         assert index.read_bytes() == good_index  # rewritten from its intact samples, none captured again
         assert (out / DAMAGED / "shard-00000" / flipped.name).exists()
         reader = ShardReader(out, verify=True)  # repaired: every sample verifies, byte for byte the first capture's

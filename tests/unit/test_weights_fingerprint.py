@@ -1,7 +1,7 @@
 """The target's weight fingerprint sees every byte: a one-byte change anywhere in a safetensors file (its
 header, a chunk boundary, the middle, the last byte) changes it, where the old fingerprint read 32
-sampled 64 KiB blocks a file. A file's digest is cached by path, size and mtime; a draft or shards
-fingerprinted the old way get one clear message, not a crash."""
+sampled 64 KiB blocks a file. A file's digest is cached by path, size, mtime, inode and ctime; a draft or
+shards fingerprinted the old way get one clear message, not a crash."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import save_file
 
 from eaglebox.errors import EagleboxError
+from eaglebox.target import fingerprint
 from eaglebox.target.fingerprint import ALGORITHM, CHUNK_BYTES, cache_path, file_digests, target_fingerprint
 
 
@@ -51,21 +52,46 @@ def test_a_one_byte_change_anywhere_in_a_file_is_caught(tmp_path):
         assert target_fingerprint(d) == first, at
 
 
-def test_digests_are_cached_by_path_size_and_mtime_and_recent_files_are_not(tmp_path):
+def test_digests_are_cached_by_identity_and_recent_files_are_not(tmp_path):
     d = model(tmp_path / "m", 1000)
     f = d / "model.safetensors"
     fresh = file_digests([f])[f]
     assert not cache_path().exists() or str(f.resolve()) not in json.loads(cache_path().read_text())  # racy: not cached
     old = time.time_ns() - 3600 * 10**9
     os.utime(f, ns=(old, old))
+    time.sleep(fingerprint.RACY_S + 0.1)  # the ctime utime just moved is now old enough to trust
     assert file_digests([f])[f] == fresh
+    st = f.stat()
     entry = json.loads(cache_path().read_text())[str(f.resolve())]
-    assert entry == {"size": f.stat().st_size, "mtime_ns": old, "algorithm": ALGORITHM, "digest": fresh}
+    assert entry == {"size": st.st_size, "mtime_ns": old, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns,
+                     "algorithm": ALGORITHM, "digest": fresh}
+    cache_path().write_text(json.dumps({str(f.resolve()): entry | {"digest": "cached"}}))
+    assert file_digests([f])[f] == "cached"  # a hit reads no byte
+
+
+def test_a_same_size_file_with_its_mtime_set_back_is_hashed_again(tmp_path):
+    """In place or swapped in (``cp -p``, ``rsync -t``, ``touch -r``): the ctime or the inode moves."""
+    d = model(tmp_path / "m", 1000)
+    f = d / "model.safetensors"
+    old = time.time_ns() - 3600 * 10**9
+    os.utime(f, ns=(old, old))
+    time.sleep(fingerprint.RACY_S + 0.1)
+    fresh, size = file_digests([f])[f], f.stat().st_size
+    assert str(f.resolve()) in json.loads(cache_path().read_text())
     flip(f, f.stat().st_size - 1)
-    os.utime(f, ns=(old, old))  # the same size and mtime: the cached digest is used, no byte is read
-    assert file_digests([f])[f] == fresh
-    os.utime(f, ns=(old + 1, old + 1))  # any later write moves the mtime
-    assert file_digests([f])[f] != fresh
+    os.utime(f, ns=(old, old))
+    changed = file_digests([f])[f]
+    assert changed != fresh
+    flip(f, f.stat().st_size - 1)
+    os.utime(f, ns=(old, old))
+    time.sleep(fingerprint.RACY_S + 0.1)
+    assert file_digests([f])[f] == fresh  # cached again under its new ctime
+    other = tmp_path / "other.safetensors"
+    other.write_bytes(f.read_bytes())
+    flip(other, other.stat().st_size - 1)
+    os.utime(other, ns=(old, old))
+    os.replace(other, f)
+    assert (f.stat().st_size, f.stat().st_mtime_ns) == (size, old) and file_digests([f])[f] == changed
 
 
 def test_an_old_fingerprint_in_a_draft_or_shards_gets_one_clear_message(tmp_path):

@@ -217,8 +217,19 @@ class TrainConfig(Section):
     acceptance length (``draft-last`` keeps the last beside it), or the last."""
 
 
-EngineOption = Literal["quantization", "dtype", "attention_backend", "moe_runner_backend", "kv_cache_dtype",
-                       "tp", "dp", "ep", "extra_args"]
+ENGINE_OPTIONS = ("quantization", "dtype", "attention_backend", "moe_runner_backend", "kv_cache_dtype", "tp", "dp", "ep")
+"""The capture spec's engine options that ``serve.allow_engine_differences`` may name whole."""
+
+NEUTRAL_EXTRA_ARGS = {
+    "triton_attention_num_kv_splits":
+        "SGLang 0.5.23's Triton backend splits the KV only in its decode kernel; the extend and target-verify "
+        "passes, whose hidden states the capture and the draft read, run with num_kv_splits=None",
+    "sampling_backend":
+        "picks the next token from the logits after the forward; it computes no hidden state",
+}
+"""The SGLang options (by name) that ``serve.allow_engine_differences`` may name as ``extra_args.<name>``,
+and why each cannot change the hidden states a draft reads. Any other flag (a prefill backend, a CUDA
+graph's batch sizes, which pick other kernels for padded shapes) may, and is compared."""
 
 
 class ServeConfig(Section):
@@ -230,9 +241,21 @@ class ServeConfig(Section):
     draft_attention_backend: str | None = None
     draft_quantization: str = "unquant"
     allow_provenance_mismatch: bool = False
-    allow_engine_differences: list[EngineOption] = []
-    """Engine options (as the capture spec records them) that may differ between the capture the draft
-    was trained on and this serving launch; any other difference is refused."""
+    allow_engine_differences: list[str] = []
+    """Engine options (as the capture spec records them: :data:`ENGINE_OPTIONS`, or
+    ``extra_args.<SGLang option>`` of :data:`NEUTRAL_EXTRA_ARGS`) that may differ between the capture the
+    draft was trained on and this serving launch; any other difference is refused."""
+
+    @field_validator("allow_engine_differences")
+    @classmethod
+    def _known_options(cls, names: list[str]) -> list[str]:
+        """``extra_args`` whole would accept any flag, a feature-changing one too: flags are named one by one."""
+        neutral = ", ".join(f"extra_args.{k}" for k in NEUTRAL_EXTRA_ARGS)
+        for name in names:
+            if name not in ENGINE_OPTIONS and name.removeprefix("extra_args.") not in NEUTRAL_EXTRA_ARGS:
+                raise ValueError(f"{name!r} cannot be allowed to differ: name engine options ({', '.join(ENGINE_OPTIONS)}) "
+                                 f"or extra_args flags that cannot change hidden states ({neutral})")
+        return names
 
 
 class Chain(Section):

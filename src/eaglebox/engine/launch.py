@@ -75,6 +75,31 @@ def _sglang_parser() -> tuple[_SGLangArgs, dict]:
     return parser, vars(parser.parse_args(["--model-path", "-"]))
 
 
+BACKEND_KEYS = {"engine.attention_backend": "--attention-backend", "engine.moe_runner_backend": "--moe-runner-backend"}
+"""The backend names eaglebox passes to SGLang that its parser lists choices for (its
+``--speculative-draft-attention-backend`` lists none), checked before a server starts."""
+
+
+@functools.cache
+def _choices(flag: str) -> tuple[str, ...]:
+    return tuple(_sglang_parser()[0]._option_string_actions[flag].choices)
+
+
+def check_backends(cfg: Config) -> None:
+    """Refuse a backend name SGLang would refuse only after its server started (``Triton`` for ``triton``)."""
+    values = {"engine.attention_backend": cfg.engine.attention_backend,
+              "engine.moe_runner_backend": cfg.engine.moe_runner_backend}
+    for key, value in values.items():
+        if value is None:
+            continue
+        choices = _choices(BACKEND_KEYS[key])
+        if value in choices:
+            continue
+        same = [c for c in choices if c.lower() == value.lower()]
+        fix = f"write {same[0]!r}" if same else f"choose one of {', '.join(choices)}"
+        raise EagleboxError(f"{key}: {value!r} is not a choice of SGLang {SGLANG_VERSION}'s {BACKEND_KEYS[key]}; {fix}")
+
+
 OWN_OPTIONS = {"enable_return_aux_hidden_states": "capture.layer_ids",
                "return_aux_hidden_state_layer_ids": "capture.layer_ids", "host": "engine.host", "port": "engine.port",
                "max_total_tokens": "engine.max_total_tokens", "mem_fraction_static": "engine.mem_fraction_static",
@@ -168,6 +193,7 @@ def hidden_state_options(cfg: Config) -> dict:
 
 def base_args(cfg: Config) -> list[str]:
     e, m = cfg.engine, cfg.model
+    check_backends(cfg)
     attention_dp_size(cfg)  # refuses a DP-attention flag that would do nothing or stop SGLang
     args = ["--model-path", str(m.path), "--host", e.host, "--port", str(e.port), "--tp", str(m.tp),
             "--dtype", m.dtype, "--device", e.device]

@@ -11,7 +11,7 @@ from eaglebox.target.fingerprint import WHAT, stale
 def differences(draft: dict, spec: CaptureSpec, allowed: list[str]) -> list[str]:
     """One line per item of the capture spec ``spec`` the draft's ``eaglebox`` block differs in (its
     :meth:`CaptureSpec.provenance`), naming it; engine options in ``allowed``
-    (``serve.allow_engine_differences``) may differ."""
+    (``serve.allow_engine_differences``) may differ, ``extra_args`` flag by flag (``extra_args.<name>``)."""
     recorded = spec.as_json() | {k: draft.get(k) for k in spec.provenance()}  # the layout is not the draft's
     target = draft.get("target") or {}
     stale_target = stale(target)
@@ -20,6 +20,11 @@ def differences(draft: dict, spec: CaptureSpec, allowed: list[str]) -> list[str]
         part, _, item = name.partition(".")
         if part == "target" and stale_target is None:
             out.append(f"target {WHAT.get(item, item)}: draft {str(have)[:12]} vs serving {str(want)[:12]} ({item})")
+        elif name == "engine_options.extra_args":
+            want, have = want or {}, have or {}
+            out += [f"engine option extra_args.{flag}: draft {have.get(flag)!r} vs serving {want.get(flag)!r}"
+                    for flag in sorted(want.keys() | have.keys())
+                    if want.get(flag) != have.get(flag) and f"extra_args.{flag}" not in allowed]
         elif part == "engine_options":
             out.append(f"engine option {item or 'block'}: draft {have!r} vs serving {want!r}")
         elif part != "target":

@@ -258,15 +258,19 @@ def manifest_digest(manifest: dict) -> str:
     return hashlib.sha256(json.dumps([manifest["capture"], shards], sort_keys=True).encode()).hexdigest()
 
 
+class DamagedIndex(ShardError):
+    """A shard index missing or changed after capture. Its message carries no advice: a reader adds
+    :data:`REPAIR`, while ``eaglebox extract``, which is that repair, says it commits the shard again."""
+
+
 def check_index(path: Path, shard: dict, capture: CaptureSpec) -> tuple[torch.Tensor, torch.Tensor]:
     """A shard's index, checked against its manifest entry ``shard`` and the manifest's ``capture``: its
-    sha256, the capture header and sample ids it records, its sample offsets. Returns its token ids and
-    loss mask."""
+    sha256 (:class:`DamagedIndex`), the capture header and sample ids it records, its sample offsets.
+    Returns its token ids and loss mask."""
     if not path.exists():
-        raise ShardError(f"{path}: listed in {MANIFEST} but missing; {REPAIR.format(dir=path.parent)}")
+        raise DamagedIndex(f"{path}: listed in {MANIFEST} but missing")
     if file_sha256(path) != shard["sha256"]:
-        raise ShardError(f"{path}: sha256 differs from {MANIFEST}: the file changed after capture; "
-                         f"{REPAIR.format(dir=path.parent)}")
+        raise DamagedIndex(f"{path}: sha256 differs from {MANIFEST}: the file changed after capture")
     with open_safetensors(path) as f:
         recorded = json.loads(f.metadata().get("eaglebox", "{}"))
         ids, mask, offsets = (f.get_tensor(k) for k in ("input_ids", "loss_mask", "offsets"))
@@ -298,7 +302,10 @@ class ShardReader:
         self.index: list[tuple[Path, int, int, int, str]] = []  # (sample file, shard, row offset, rows, sha256)
         self._ids, self._masks = [], []
         for si, shard in enumerate(manifest["shards"]):
-            ids, mask = check_index(self.dir / shard["file"], shard, self.capture)
+            try:
+                ids, mask = check_index(self.dir / shard["file"], shard, self.capture)
+            except DamagedIndex as err:
+                raise ShardError(f"{err}; {REPAIR.format(dir=self.dir)}") from None
             self._ids.append(ids)
             self._masks.append(mask)
             for s in shard["samples"]:

@@ -5,9 +5,9 @@ features is refused on another, also when the two share a byte-identical ``confi
 in one RMSNorm weight. Every byte of the weights is hashed, fast enough for a 600 GB target: each
 file in :data:`CHUNK_BYTES` chunks, hashed by a thread pool (sha256 releases the GIL, and so does the
 read), and named by the sha256 of its size and its chunks' digests (:data:`ALGORITHM`, recorded). A
-file's digest is cached by its path, size and mtime, so a later command does not rehash it; a file
-modified within :data:`RACY_S` of hashing is not cached (the clock may not have ticked between two
-writes).
+file's digest is cached by its path, size, mtime, inode and ctime (:func:`_identity`), so a later
+command does not rehash it; a file changed within :data:`RACY_S` of hashing is not cached (the clock
+may not have ticked between two writes).
 """
 
 from __future__ import annotations
@@ -78,11 +78,19 @@ def _cache_lock(cache_file: Path):
 
 
 def file_digests(paths: list[Path], threads: int | None = None) -> dict[Path, str]:
-    """Each file's digest (:data:`ALGORITHM`), from the cache when its size and mtime are the cached
-    ones; the others' chunks all go to one pool, so many small files hash as fast as one large one."""
+    """Each file's digest (:data:`ALGORITHM`), from the cache when its :func:`_identity` is the cached
+    one; the others' chunks all go to one pool, so many small files hash as fast as one large one."""
     cache_file = cache_path()
     with _cache_lock(cache_file):
         return _file_digests(paths, threads or os.cpu_count(), cache_file)
+
+
+def _identity(st: os.stat_result) -> dict:
+    """What a cached digest is trusted by. mtime alone can be set back (``touch -r``, ``cp -p``, ``rsync
+    -t``); a file swapped in has another inode, and any write or ``utime`` moves the ctime, which no
+    call can set back."""
+    return {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "ctime_ns": st.st_ctime_ns,
+            "algorithm": ALGORITHM}
 
 
 def _file_digests(paths: list[Path], threads: int, cache_file: Path) -> dict[Path, str]:
@@ -94,8 +102,7 @@ def _file_digests(paths: list[Path], threads: int, cache_file: Path) -> dict[Pat
     out, todo = {}, []
     for p in paths:
         hit = cache.get(str(p.resolve())) or {}
-        same = {"size": stats[p].st_size, "mtime_ns": stats[p].st_mtime_ns, "algorithm": ALGORITHM}
-        if all(hit.get(k) == v for k, v in same.items()):
+        if all(hit.get(k) == v for k, v in _identity(stats[p]).items()):
             out[p] = hit["digest"]
         else:
             todo.append(p)
@@ -116,9 +123,9 @@ def _file_digests(paths: list[Path], threads: int, cache_file: Path) -> dict[Pat
             os.close(fd)
     now = time.time_ns()
     for p in todo:
-        if os.stat(p).st_mtime_ns == stats[p].st_mtime_ns and now - stats[p].st_mtime_ns > RACY_S * 1e9:
-            cache[str(p.resolve())] = {"size": stats[p].st_size, "mtime_ns": stats[p].st_mtime_ns,
-                                       "algorithm": ALGORITHM, "digest": out[p]}
+        st = stats[p]
+        if _identity(os.stat(p)) == _identity(st) and now - max(st.st_mtime_ns, st.st_ctime_ns) > RACY_S * 1e9:
+            cache[str(p.resolve())] = _identity(st) | {"digest": out[p]}
     try:
         tmp = cache_file.with_name(f".{cache_file.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(cache, sort_keys=True))
