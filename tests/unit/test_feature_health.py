@@ -13,7 +13,7 @@ from eaglebox.capture.sink import CaptureSink
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError
 from eaglebox.extract import ExtractError
-from eaglebox.extract.commit import commit_shard, feature_bound, verify_staged
+from eaglebox.extract.commit import check_health, commit_shard, feature_bound, verify_staged
 from eaglebox.extract.plan import Planned
 from eaglebox.shards.spec import capture_spec
 
@@ -77,3 +77,13 @@ def test_healthy_features_pass_and_garbage_is_refused_naming_the_layer_and_likel
     with pytest.raises(ExtractError, match="are all zero"):
         commit_shard(out, 0, [p], tmp_path / "staging", spec, bound)
     assert not list(out.rglob("*.safetensors"))  # nothing committed
+
+
+def test_the_likely_cause_names_a_backend_set_through_extra_args(staged, tmp_path):
+    """Triton prefill chosen by ``engine.extra_args`` is what the message blames, not only the keyed backend."""
+    _, spec, bound = staged
+    opts = spec.engine_options.model_copy(update={"extra_args": {"prefill_attention_backend": "triton"}})
+    with pytest.raises(ExtractError, match=r"all zero; likely cause: .* attention backend triton, "
+                                           r"prefill_attention_backend triton in float32"):
+        check_health(tmp_path / "z.safetensors", [0.0, 1.0, 1.0, 1.0],
+                     spec.model_copy(update={"engine_options": opts}), bound)

@@ -186,8 +186,10 @@ def check_health(path: Path, max_abs: list[float], spec: CaptureSpec, bound: flo
     layer, or one beyond ``bound`` (:func:`feature_bound`; None: not checked)."""
     names = [f"the input of layer {i}" for i in spec.layers.captured_layer_inputs] + ["the last hidden state"]
     opts = spec.engine_options
+    # a backend set through engine.extra_args (e.g. --prefill-attention-backend) overrides the keyed one
+    chosen = [f"{k} {v}" for k, v in (opts.extra_args or {}).items() if k.endswith("attention_backend")]
     cause = (f"likely cause: the engine computes this target wrongly with attention backend "
-             f"{opts.attention_backend or 'SGLang default'} in {opts.dtype}"
+             f"{opts.attention_backend or 'SGLang default'}{''.join(', ' + c for c in chosen)} in {opts.dtype}"
              f"{', kv cache ' + opts.kv_cache_dtype if opts.kv_cache_dtype else ''}"
              f"{', quantization ' + opts.quantization if opts.quantization else ''}; compare a few "
              "samples with `eaglebox parity`, try another engine.attention_backend or model.dtype=float32")
