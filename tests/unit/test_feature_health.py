@@ -87,3 +87,29 @@ def test_the_likely_cause_names_a_backend_set_through_extra_args(staged, tmp_pat
                                            r"prefill_attention_backend triton in float32"):
         check_health(tmp_path / "z.safetensors", [0.0, 1.0, 1.0, 1.0],
                      spec.model_copy(update={"engine_options": opts}), bound)
+
+
+def test_a_sample_left_in_its_shard_folder_is_checked_by_its_bytes(tmp_path):
+    """A rerun without the manifest's record of a sample commits the file left in the shard folder only
+    once its bytes hash to what it carries (issue 42, finding 2): a flipped byte is refused naming the
+    file, with the advice that recaptures it."""
+    from conftest import small_spec
+    from eaglebox.capture.sink import write_sample
+    from eaglebox.shards.format import shard_dir
+
+    spec = small_spec()
+    out, staging = tmp_path / "shards", tmp_path / "staging"
+    folder = out / shard_dir(0)
+    folder.mkdir(parents=True)
+    staging.mkdir()
+    ids = [5, 6, 7]
+    p = Planned("s0", 1, ids, [0, 1, 1])
+    path = folder / "s0.safetensors"
+    write_sample(path, ids, [torch.randn(3, 3 * 4).bfloat16()], [torch.randn(3, 4).bfloat16()], spec.sample_header())
+    commit_shard(out, 0, [p], staging, spec)  # intact: committed
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0x40  # a feature byte: the header and the hash it carries are unchanged
+    path.write_bytes(bytes(raw))
+    with pytest.raises(ExtractError, match=r"s0.safetensors: left in its shard folder by an interrupted run and "
+                                           r"damaged since .* delete it and run `eaglebox extract` again"):
+        commit_shard(out, 0, [p], staging, spec)

@@ -203,6 +203,16 @@ def check_health(path: Path, max_abs: list[float], spec: CaptureSpec, bound: flo
                                f"({HEALTH_FACTOR:.0e} x the target's largest embedding value); {cause}")
 
 
+def check_left_in_folder(path: Path, digest: str, p: Planned, spec: CaptureSpec) -> None:
+    """A sample an interrupted run moved into its shard folder but never listed: its bytes are read and
+    hashed, since the hash it carries vouches only for what was written, not for what is there now."""
+    try:
+        read_sample(path, digest, len(p.input_ids), spec)
+    except DamagedSample as err:
+        raise ExtractError(f"{path}: left in its shard folder by an interrupted run and damaged since ({err}); "
+                           f"delete it and run `eaglebox extract` again: its sample is captured anew") from None
+
+
 def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: CaptureSpec,
                  bound: float | None = None) -> dict:
     """Verify each sample (``bound``: :func:`check_health`'s) and rename it into the shard's folder,
@@ -214,7 +224,9 @@ def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spe
         final = folder / f"{p.id}.safetensors"
         src = final if final.exists() else staging / f"{p.id}.safetensors"  # moved by an interrupted run
         digest = verify_staged(src, p, spec, bound)
-        if src != final:
+        if src == final:
+            check_left_in_folder(final, digest, p, spec)
+        else:
             os.replace(src, final)
         entries.append({"id": p.id, "line": p.line, "file": f"{folder.name}/{final.name}", "offset": offset,
                         "rows": len(p.input_ids), "loss_tokens": int(sum(p.loss_mask)), "sha256": digest})
