@@ -91,8 +91,8 @@ def test_the_likely_cause_names_a_backend_set_through_extra_args(staged, tmp_pat
 
 def test_a_sample_left_in_its_shard_folder_is_checked_by_its_bytes(tmp_path):
     """A rerun without the manifest's record of a sample commits the file left in the shard folder only
-    once its bytes hash to what it carries (issue 42, finding 2): a flipped byte is refused naming the
-    file, with the advice that recaptures it."""
+    once its bytes hash to what it carries (issue 42, finding 2): a flipped byte or a cut-short file is
+    refused naming the file, with the advice that recaptures it."""
     from conftest import small_spec
     from eaglebox.capture.sink import write_sample
     from eaglebox.shards.format import shard_dir
@@ -112,4 +112,7 @@ def test_a_sample_left_in_its_shard_folder_is_checked_by_its_bytes(tmp_path):
     path.write_bytes(bytes(raw))
     with pytest.raises(ExtractError, match=r"s0.safetensors: left in its shard folder by an interrupted run and "
                                            r"damaged since .* delete it and run `eaglebox extract` again"):
+        commit_shard(out, 0, [p], staging, spec)
+    path.write_bytes(bytes(raw[: len(raw) // 2]))  # cut short: the same advice
+    with pytest.raises(ExtractError, match=r"damaged since .*not a complete safetensors file.* delete it and run"):
         commit_shard(out, 0, [p], staging, spec)

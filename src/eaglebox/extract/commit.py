@@ -139,11 +139,15 @@ def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120, alive=lam
             time.sleep(0.005)
 
 
+class IncompleteSample(ExtractError):
+    """A sample file cut short or overwritten: not a safetensors file any more."""
+
+
 def verify_staged(path: Path, p: Planned, spec: CaptureSpec, bound: float | None = None) -> str:
     """Check one staged sample against what was sent, from its header and token ids (no feature bytes
     read), and its features' health from the largest values the server recorded (:func:`check_health`);
     returns the tensor sha256 the server computed as it wrote the file."""
-    with open_safetensors(path, ExtractError) as f:
+    with open_safetensors(path, IncompleteSample) as f:
         meta = f.metadata()
         ids = f.get_tensor("input_ids").tolist()
         aux, last = f.get_slice("aux"), f.get_slice("last")
@@ -203,14 +207,17 @@ def check_health(path: Path, max_abs: list[float], spec: CaptureSpec, bound: flo
                                f"({HEALTH_FACTOR:.0e} x the target's largest embedding value); {cause}")
 
 
-def check_left_in_folder(path: Path, digest: str, p: Planned, spec: CaptureSpec) -> None:
+def check_left_in_folder(path: Path, p: Planned, spec: CaptureSpec, bound: float | None) -> str:
     """A sample an interrupted run moved into its shard folder but never listed: its bytes are read and
-    hashed, since the hash it carries vouches only for what was written, not for what is there now."""
+    hashed, since the hash it carries vouches only for what was written, not for what is there now.
+    Returns its tensor sha256, as :func:`verify_staged` does."""
     try:
+        digest = verify_staged(path, p, spec, bound)
         read_sample(path, digest, len(p.input_ids), spec)
-    except DamagedSample as err:
+    except (IncompleteSample, DamagedSample) as err:
         raise ExtractError(f"{path}: left in its shard folder by an interrupted run and damaged since ({err}); "
                            f"delete it and run `eaglebox extract` again: its sample is captured anew") from None
+    return digest
 
 
 def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spec: CaptureSpec,
@@ -223,10 +230,10 @@ def commit_shard(out: Path, index: int, shard: list[Planned], staging: Path, spe
     for p in shard:
         final = folder / f"{p.id}.safetensors"
         src = final if final.exists() else staging / f"{p.id}.safetensors"  # moved by an interrupted run
-        digest = verify_staged(src, p, spec, bound)
         if src == final:
-            check_left_in_folder(final, digest, p, spec)
+            digest = check_left_in_folder(final, p, spec, bound)
         else:
+            digest = verify_staged(src, p, spec, bound)
             os.replace(src, final)
         entries.append({"id": p.id, "line": p.line, "file": f"{folder.name}/{final.name}", "offset": offset,
                         "rows": len(p.input_ids), "loss_tokens": int(sum(p.loss_mask)), "sha256": digest})
