@@ -51,6 +51,7 @@ def serving_keys(architecture: str, fc_norm: int = 0) -> set[str]:
 UNIMPLEMENTED = ("norm_before_residual", "norm_before_fc", "use_aux_norm", "attention_bias", "mlp_bias", "bias")
 """Keys SGLang reads (or ignores) that eaglebox's trainer does not implement."""
 
+
 def provenance(reader: ShardReader, cfg) -> dict:
     """The ``eaglebox`` block of a draft trained on ``reader``'s shards: their capture spec's
     provenance (:meth:`eaglebox.shards.capture.CaptureSpec.provenance`) and the data it saw."""

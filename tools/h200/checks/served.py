@@ -82,11 +82,20 @@ def train_rows() -> list[str]:
     return lzma.decompress((CORPUS / "train.jsonl.xz").read_bytes()).decode().splitlines()
 
 
+def target_config(tok, layers: int, **extra):
+    """The target's Llama config at ``layers`` layers: Llama-3.1-8B's width, the corpus tokenizer's vocabulary."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=len(tok), num_hidden_layers=layers, max_position_embeddings=4096, rms_norm_eps=1e-5,
+                       rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **WIDE, **extra)
+
+
 def make_shallow(path: Path, steps: int, seq_len: int, batch: int) -> Path:
     """The 4-layer wide target: the corpus's tokenizer, Llama-3.1-8B's width, LM training (bf16 autocast)
     on windows that start at a conversation's first token, over the corpus's train rows (extraction's
     prompts come from the same files; the bench's from held-out files)."""
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoTokenizer, LlamaForCausalLM
 
     from eaglebox_dev.tiny import answer_stream, train_lm
 
@@ -97,10 +106,7 @@ def make_shallow(path: Path, steps: int, seq_len: int, batch: int) -> Path:
     convs = [json.loads(r)["messages"] for r in train_rows()]
     ids, _, starts = answer_stream(tok, convs)
     log(f"target: {len(ids):,} tokens of {len(convs)} conversations tokenized in {time.monotonic() - t0:.0f} s")
-    config = LlamaConfig(vocab_size=len(tok), num_hidden_layers=len(PLACEMENT), max_position_embeddings=4096,
-                         rms_norm_eps=1e-5, rope_theta=500000.0, tie_word_embeddings=False,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         **WIDE)
+    config = target_config(tok, len(PLACEMENT))
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).to(DEVICE)
     t0 = time.monotonic()
@@ -305,16 +311,12 @@ def decode_ms(url: str, prompts: list[list[int]], new: int) -> float:
 def target_shape() -> Path:
     """The padded target's config.json and tokenizer without weights (served with ``--load-format
     dummy``): its decode cost, where no trained target exists (values do not change what a step reads)."""
-    from transformers import AutoTokenizer, LlamaConfig
+    from transformers import AutoTokenizer
 
     d = WORK / "target-shape"
     tok = AutoTokenizer.from_pretrained(CORPUS / "tokenizer")
     tok.save_pretrained(d)
-    LlamaConfig(architectures=["LlamaForCausalLM"], vocab_size=len(tok), num_hidden_layers=LAYERS,
-                max_position_embeddings=4096, rms_norm_eps=1e-5,
-                rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=tok.bos_token_id,
-                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, torch_dtype="bfloat16",
-                **WIDE).save_pretrained(d)
+    target_config(tok, LAYERS, architectures=["LlamaForCausalLM"], torch_dtype="bfloat16").save_pretrained(d)
     return d
 
 
@@ -330,9 +332,10 @@ def stage_decode_reference(rounds: int = 3, new: int = 128, shape: Path | None =
 
     if "decode_reference" in RESULT:
         return
-    dummy = "engine.extra_args=" + json.dumps([*cfg_now().engine.extra_args, "--load-format", "dummy",
-                                                "--skip-tokenizer-init"])
-    cfg = cfg_now() if shape is None else cfg_now(f"model.path={shape}", dummy)
+    cfg = cfg_now()
+    dummy = "engine.extra_args=" + json.dumps([*cfg.engine.extra_args, "--load-format", "dummy", "--skip-tokenizer-init"])
+    if shape is not None:
+        cfg = cfg_now(f"model.path={shape}", dummy)
     prompts = heldout_prompts(cfg, load_tokenizer(cfg))[:4]
     ref_cfg = cfg_now(f"model.path={llama8b_shape()}", dummy)
     servers = {"target": server_for(server_cfg(cfg, free_port(), None), "plain", WORK / "logs" / "decode-target.log"),
