@@ -259,7 +259,7 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
     cfg = load_config(cfg_path, [f"extract.dataset={data}", "extract.format=messages", f"extract.output_dir={out}",
                                  "extract.max_length=4096", f"extract.shard_size={shard_size}",
                                  f"extract.concurrency={concurrency}"])
-    tok = load_tokenizer(cfg)
+    tok = load_tokenizer(cfg.model)
     with open(source) as src, open(data, "w") as dst:
         for _ in range(n):
             dst.write(src.readline())
@@ -267,7 +267,8 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
     spec = capture_spec(cfg).model_copy(update={"hidden_size": hidden})
     spec_path = work / "spec.json"
     spec_path.write_text(json.dumps(spec.sample_header()))
-    staging = commit.staging_dir(cfg)
+    staging = commit.staging_dir(cfg.extract)
+    bound = commit.feature_bound(cfg.model.path)
     server = subprocess.Popen([sys.executable, __file__, "--serve", str(staging), str(spec_path)],
                               stdout=subprocess.PIPE, stderr=open(work / "server.log", "w"), text=True)
     try:
@@ -280,17 +281,18 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
                 wrap(diversity, "answer_stats", T, "  answer_stats")]
         try:
             with T("prepare"):
-                plan = extract_run.prepare(cfg, spec, tok, log=log)
+                plan = extract_run.prepare(cfg.extract, spec, tok, log=log)
             info["samples"] = len(plan.planned)
             lens = [len(p.input_ids) for p in plan.planned]
             info["tokens"] = sum(lens)
             info["len_min_mean_max"] = (min(lens), round(sum(lens) / len(lens)), max(lens))
             with T("capture+commit"):
-                manifest = extract_run.run_extract(cfg, url, spec, plan.planned, plan.manifest, staging, log=log)
+                manifest = extract_run.run_extract(cfg.extract, url, spec, plan.planned, plan.manifest, staging, bound=bound,
+                                                   log=log)
             assert manifest["samples"] == len(plan.planned)
             shutil.rmtree(staging, ignore_errors=True)
             with T("corpus report"):
-                report = diversity.corpus_report(cfg, tok)
+                report = diversity.corpus_report(cfg.extract, tok)
             info["corpus"] = {k: report[k] for k in ("answers", "distinct_ratio", "repeated_ngram_dominant_share",
                                                      "max_repeated_ngram_share", "mean_words")}
             with T("vocab pass"):
@@ -303,9 +305,10 @@ def one_size(n: int, source: Path, work: Path, hidden: int, shard_size: int, con
                     ids, mask = reader.ids_and_mask(i)
                     total += int(mask.sum())
             if resume_check:
-                again = extract_run.prepare(cfg, spec, tok, log=lambda *a: None)  # as prepare above (not timed again)
+                again = extract_run.prepare(cfg.extract, spec, tok, log=lambda *a: None)  # as prepare above (not timed again)
                 with T("resume check"):
-                    extract_run.run_extract(cfg, url, spec, again.planned, again.manifest, staging, log=log)
+                    extract_run.run_extract(cfg.extract, url, spec, again.planned, again.manifest, staging, bound=bound,
+                                            log=log)
             with T("  [pre-fix] manifest every shard"):
                 replay_old_manifest_cadence(json.loads((out / fmt.MANIFEST).read_text()), work / "replay")
         finally:

@@ -35,7 +35,7 @@ def main() -> None:
     cfgs = {n: load_config(ROOT / "configs" / "tiny-cpu-served.yaml",
                            [f"engine.port={free_port()}", f"bench.num_prompts={a.prompts}",
                             f'engine.extra_args=["--triton-attention-num-kv-splits", "{n}"]']) for n in (8, 1)}
-    prompts = heldout_prompts(cfgs[8], load_tokenizer(cfgs[8]))
+    prompts = heldout_prompts(cfgs[8], load_tokenizer(cfgs[8].model))
     with contextlib.ExitStack() as stack:
         urls = {}
         for n, cfg in cfgs.items():  # one after the other: SGLang sizes its pool from free memory at start

@@ -24,7 +24,7 @@ decay, gradient clip and seed. Each trainer keeps what makes it that trainer:
 SpecForge's trained weights are exported with its own trainer->SGLang key map
 (``specforge.export.to_sglang.WEIGHT_MAPS['LlamaForCausalLMEagle3']``, the identity after its checkpoint
 filter drops ``draft_model.`` and the frozen embedding), checked against the keys SGLang's loader reads
-(``eaglebox.draft.sglang.serving_keys``), written by eaglebox's ``export_draft`` with the same
+(``eaglebox.draft.export.serving_keys``), written by eaglebox's ``export_draft`` with the same
 ``config.json`` and checked by ``check_export``. Both drafts are then scored by the acceptance gate's
 offline evaluator (``eaglebox.draft.offline.evaluate_draft``: SGLang 0.5.23's LlamaForCausalLMEagle3,
 chain of ``serve.num_steps``, greedy verification) on the same held-out requests.
@@ -180,7 +180,7 @@ def run_specforge(a) -> dict:
     from specforge.modeling.target.target_head import TargetHead
     from specforge.optimizer import BF16Optimizer
 
-    from eaglebox.draft.sglang import check_export, export_draft, provenance, serving_keys
+    from eaglebox.draft.export import check_export, export_draft, provenance, serving_keys
     from eaglebox.draft.spec import draft_spec
     from eaglebox.target.weights import load_embed_and_head
     from eaglebox.train.data import collate
@@ -239,7 +239,7 @@ def run_specforge(a) -> dict:
     out_dir = Path(t.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
-    draft_dir = export_draft(out_dir / "draft", spec, weights_out, provenance(reader, cfg))
+    draft_dir = export_draft(out_dir / "draft", spec, weights_out, provenance(reader, cfg.train.ttt_length))
     check_export(draft_dir)
     return {"trainer": f"specforge {SPECFORGE_VERSION} ({a.backend})", "draft": str(draft_dir),
             "wall_s": round(time.monotonic() - t0, 1), "tokens_per_s": tokens / loop_s, "tokens": tokens,

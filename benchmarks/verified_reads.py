@@ -34,7 +34,7 @@ H, K, SEQ = 4096, 3, 2048
 
 def capture():
     """A Llama-3.1-8B-shaped capture spec (the reads do not depend on its values, only on its shape)."""
-    from eaglebox.shards.capture import CaptureSpec
+    from eaglebox.shards.contract import CaptureSpec
 
     return CaptureSpec.model_validate({
         "engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_rule": "plus_one",

@@ -149,7 +149,7 @@ def mla_loop(tiny_mla_target, tmp_path_factory):
 def small_spec(**changes):
     """A capture spec of a 4-wide target with layers [0, 1, 2] (inputs of 1, 2, 3), ``changes`` applied
     (top-level fields; nested parts as dicts)."""
-    from eaglebox.shards.capture import CaptureSpec
+    from eaglebox.shards.contract import CaptureSpec
 
     return CaptureSpec.model_validate({
         "engine": "sglang", "engine_version": "0.5.23", "architecture": "LlamaForCausalLM", "layer_rule": "plus_one",

@@ -21,6 +21,7 @@ from eaglebox.bench.parity import parity_report
 from eaglebox.config import load_config
 from eaglebox.engine.launch import server_for
 from eaglebox.extract import ExtractError
+from eaglebox.extract.commit import feature_bound
 from eaglebox.extract.run import capture, prepare
 from eaglebox.shards.format import ShardReader, file_sha256
 from eaglebox.shards.spec import capture_spec
@@ -47,8 +48,9 @@ def extract(cfg, srv, staging, out, *overrides, log=lambda *_: None):
                                  "extract.regenerate=false", *overrides])
     spec = capture_spec(cfg)
     tok = AutoTokenizer.from_pretrained(cfg.model.path)
-    plan = prepare(cfg, spec, tok, log=log)
-    return capture(cfg, srv.url, spec, tok, plan, staging, alive=srv.alive, log=log), plan.planned
+    plan = prepare(cfg.extract, spec, tok, log=log)
+    return capture(cfg.extract, srv.url, spec, tok, plan, staging, bound=feature_bound(cfg.model.path),
+                   alive=srv.alive, log=log), plan.planned
 
 
 def TINY_CONFIG():

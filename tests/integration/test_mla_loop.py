@@ -30,8 +30,8 @@ def test_tiny_mla_tokenizer_is_remote_code(tiny_mla_target):
 
     cfg = load_config(TINY_MLA_CONFIG, ["model.trust_remote_code=false"])
     with pytest.raises(EagleboxError, match="model.trust_remote_code"):
-        load_tokenizer(cfg)
-    tok = load_tokenizer(load_config(TINY_MLA_CONFIG))
+        load_tokenizer(cfg.model)
+    tok = load_tokenizer(load_config(TINY_MLA_CONFIG).model)
     assert type(tok).__name__ == "TinyKimiTokenizer" and not tok.is_fast
     hf = json.loads((tiny_mla_target / "config.json").read_text())
     assert hf["architectures"] == ["DeepseekV3ForCausalLM"] and hf["rope_scaling"]["type"] == "yarn"

@@ -35,7 +35,7 @@ def test_eaglebox_and_specforge_on_the_same_shards_scored_by_one_evaluator(tiny_
     assert eb["tokens"] == sf["tokens"] == res["budget"]["tokens"] > 0
     assert eb["answer_tokens"] == sf["answer_tokens"] == res["budget"]["answer_tokens"] > 0
 
-    from eaglebox.draft.sglang import check_export
+    from eaglebox.draft.export import check_export
 
     for run in (eb, sf):  # both load as SGLang's LlamaForCausalLMEagle3 with the same shape and vocabulary
         assert check_export(run["draft"])["architectures"] == ["LlamaForCausalLMEagle3"]

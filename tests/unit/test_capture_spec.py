@@ -18,7 +18,7 @@ from eaglebox.extract import ExtractError
 from eaglebox.extract.commit import commit_shard, verify_staged
 from eaglebox.extract.plan import Planned, check_resume
 from eaglebox.serve.provenance import differences
-from eaglebox.shards.capture import CaptureSpec, EngineOptions
+from eaglebox.shards.contract import CaptureSpec, EngineOptions
 from eaglebox.shards.format import FORMAT, ShardError, ShardReader, check_index, read_sample, save_manifest
 from eaglebox.train.loop import check_header
 
@@ -94,7 +94,7 @@ def test_a_field_added_to_the_spec_is_seen_by_every_comparison(tmp_path, field, 
 
 
 def check_resume_with(out, planned, spec):
-    return check_resume(SimpleNamespace(extract=SimpleNamespace(output_dir=out, shard_size=1)), [planned], spec)
+    return check_resume(SimpleNamespace(output_dir=out, shard_size=1), [planned], spec)
 
 
 def test_files_written_before_keep_loading_and_unknown_ones_are_refused_in_one_line(tmp_path):

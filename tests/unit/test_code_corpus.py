@@ -63,7 +63,7 @@ def test_the_extractor_and_the_bench_read_every_row_as_the_manifest_counts_it(co
     n = m["heldout"]["rows"]
     cfg = config_for_model(tmp_path, corpus / "tokenizer", f"bench.prompts={corpus / 'heldout.jsonl'}",
                            f"bench.num_prompts={n}")
-    prompts = heldout_prompts(cfg, load_tokenizer(cfg))
+    prompts = heldout_prompts(cfg, load_tokenizer(cfg.model))
     assert len(prompts) == n and all(p[0] == tok.bos_token_id and p[-1] == tok.convert_tokens_to_ids(
         "<|assistant|>") for p in prompts)
 

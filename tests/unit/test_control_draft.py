@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 from eaglebox.config.schema import DraftConfig
-from eaglebox.draft.sglang import export_draft, exported_spec
+from eaglebox.draft.export import export_draft, exported_spec
 from eaglebox.draft.spec import draft_spec
 from eaglebox.train.checkpoint import trainable_state
 from eaglebox.train.control import export_control_draft

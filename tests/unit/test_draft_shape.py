@@ -37,7 +37,7 @@ def spec_with(rope, head_dim=16) -> DraftSpec:
 
 def sglang_attention(tmp_path, spec):
     """The attention module of SGLang's draft class, loaded from the exported directory."""
-    from eaglebox.draft.sglang import export_draft
+    from eaglebox.draft.export import export_draft
     from eaglebox.draft.sglang_class import SGLangDraft
     from eaglebox.train.checkpoint import trainable_state
     from eaglebox.train.model import Eagle3Draft
@@ -99,7 +99,7 @@ def test_head_dim_is_what_sglang_computes_and_never_an_mla_rope_width(tmp_path):
 
 
 def test_export_refuses_a_config_without_head_dim(tmp_path):
-    from eaglebox.draft.sglang import check_export
+    from eaglebox.draft.export import check_export
 
     sglang_attention(tmp_path, spec_with(None))
     cfg = json.loads((tmp_path / "draft" / "config.json").read_text())

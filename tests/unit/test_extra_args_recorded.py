@@ -11,7 +11,7 @@ from conftest import TINY_CONFIG, config_for_model
 from eaglebox.cli import check_config
 from eaglebox.errors import EagleboxError
 from eaglebox.serve.provenance import differences
-from eaglebox.shards.capture import CaptureSpec
+from eaglebox.shards.contract import CaptureSpec
 from eaglebox.shards.spec import capture_spec
 
 

@@ -40,6 +40,12 @@ def stage_all(tiny_target, tmp_path, name: str, n: int):
     return cfg, spec, planned, staging
 
 
+def extract(cfg, spec, planned, staging, manifest):
+    """The staged samples committed by the run (no server: every file is already staged)."""
+    return run.run_extract(cfg.extract, "http://unused", spec, planned, manifest, staging,
+                           bound=commit.feature_bound(cfg.model.path), log=lambda *a: None)
+
+
 def test_manifest_writes_stay_linear_and_every_committed_shard_is_recorded(tiny_target, tmp_path, monkeypatch):
     n = 200
     cfg, spec, planned, staging = stage_all(tiny_target, tmp_path, "out", n)
@@ -51,7 +57,7 @@ def test_manifest_writes_stay_linear_and_every_committed_shard_is_recorded(tiny_
         writes.append((len(manifest["shards"]), (out / MANIFEST).stat().st_size))
 
     monkeypatch.setattr(commit, "save_manifest", save)
-    manifest = run.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
+    manifest = extract(cfg, spec, planned, staging, None)
     final = (tmp_path / "out" / MANIFEST).stat().st_size
     assert writes[-1] == (n, final)  # the last write records every shard
     assert writes[:8] == [(i + 1, writes[i][1]) for i in range(8)]  # the first shards, one write each
@@ -67,7 +73,7 @@ def test_a_failed_run_records_what_it_committed_and_the_rerun_matches_an_uninter
                                                                                            monkeypatch):
     n = 40
     cfg, spec, planned, staging = stage_all(tiny_target, tmp_path, "ref", n)
-    ref = run.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
+    ref = extract(cfg, spec, planned, staging, None)
     cfg, spec, planned, staging = stage_all(tiny_target, tmp_path, "cut", n)
     real_commit = run.commit_shard
 
@@ -78,7 +84,7 @@ def test_a_failed_run_records_what_it_committed_and_the_rerun_matches_an_uninter
 
     monkeypatch.setattr(run, "commit_shard", failing_commit)
     with pytest.raises(OSError, match="No space left"):
-        run.run_extract(cfg, "http://unused", spec, planned, None, staging, log=lambda *a: None)
+        extract(cfg, spec, planned, staging, None)
     cut = json.loads((tmp_path / "cut" / MANIFEST).read_text())
     assert len(cut["shards"]) == 30 and cut["samples"] == 30  # those after the last regular write too
     monkeypatch.setattr(run, "commit_shard", real_commit)
@@ -86,8 +92,7 @@ def test_a_failed_run_records_what_it_committed_and_the_rerun_matches_an_uninter
     # killed before the manifest recorded the last shards: the rerun commits them from their shard folders
     cut["shards"] = cut["shards"][:27]
     (tmp_path / "cut" / MANIFEST).write_text(json.dumps(cut))
-    resumed = run.run_extract(cfg, "http://unused", spec, planned, load_manifest(tmp_path / "cut"),
-                                 staging, log=lambda *a: None)
+    resumed = extract(cfg, spec, planned, staging, load_manifest(tmp_path / "cut"))
     assert resumed["shards"] == ref["shards"] and resumed["tokens"] == ref["tokens"] == 3 * n
     assert json.loads((tmp_path / "cut" / MANIFEST).read_text())["shards"] == ref["shards"]
     assert not list(staging.glob("*.safetensors"))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from eaglebox.config import load_config
-from eaglebox.draft.sglang import check_export, export_draft, recover_export, replace_dir
+from eaglebox.draft.export import check_export, export_draft, recover_export, replace_dir
 from eaglebox.draft.spec import DraftSpec, draft_spec
 from eaglebox.errors import EagleboxError
 from eaglebox.train.checkpoint import trainable_state

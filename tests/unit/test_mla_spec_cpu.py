@@ -117,7 +117,7 @@ def test_default_rope_builds_on_cpu_as_on_other_devices():
 
 EMBED = r"""
 import json, sys, torch
-from eaglebox.draft.sglang import export_draft
+from eaglebox.draft.export import export_draft
 from eaglebox.draft.sglang_class import SGLangDraft
 from eaglebox.draft.spec import DraftSpec
 from eaglebox.train.checkpoint import trainable_state

@@ -34,7 +34,7 @@ def cfg_for(tmp_path, model, draft, *overrides):
 
 def trained_on(tmp_path, cfg):
     """A draft whose provenance is ``cfg``'s capture spec, as training on its shards records it."""
-    from eaglebox.draft.sglang import export_draft
+    from eaglebox.draft.export import export_draft
     from eaglebox.draft.spec import draft_spec
     from eaglebox.shards.spec import capture_spec
     from eaglebox.train.checkpoint import trainable_state
@@ -50,7 +50,7 @@ def check(cfg):
     from eaglebox.serve.provenance import check_provenance
     from eaglebox.shards.spec import capture_spec
 
-    return check_provenance(cfg, capture_spec(cfg))
+    return check_provenance(cfg.serve, capture_spec(cfg))
 
 
 def test_a_draft_is_refused_on_a_same_config_target_with_other_weights(tmp_path):

@@ -82,6 +82,6 @@ def test_cached_answers_are_reused_only_under_the_same_sampling(tmp_path, tiny_t
     (out_dir / CACHE).write_text(json.dumps({"key": cache_key(msgs, settings), "messages": answer}) + "\n")
     nobody = Client("http://127.0.0.1:9", max_retries=0, backoff_s=0)  # discard port: connection refused
 
-    assert regenerate(greedy, rows, nobody, tok, out_dir, log=lambda *_: None)[0].messages == answer
+    assert regenerate(greedy.extract, rows, nobody, tok, out_dir, log=lambda *_: None)[0].messages == answer
     with pytest.raises(ExtractError, match="failed after 1 tries"):
-        regenerate(sampled, rows, nobody, tok, out_dir, log=lambda *_: None)
+        regenerate(sampled.extract, rows, nobody, tok, out_dir, log=lambda *_: None)

@@ -34,9 +34,9 @@ def test_custom_tokenizer_code_runs_only_when_trusted(tmp_path):
     with pytest.raises(EagleboxError, match=r"model.trust_remote_code: .*/m/tokenizer_config.json names a tokenizer "
                                             r"class shipped as code with the model \(auto_map\); set "
                                             r"model.trust_remote_code=true"):
-        load_tokenizer(config_for_model(tmp_path, model))
+        load_tokenizer(config_for_model(tmp_path, model).model)
     trusted = config_for_model(tmp_path, model, "model.trust_remote_code=true")
-    assert type(load_tokenizer(trusted)).__name__ == "ShippedTokenizer"
+    assert type(load_tokenizer(trusted.model)).__name__ == "ShippedTokenizer"
     assert "--trust-remote-code" in launch_args(trusted, "plain")
     assert "--trust-remote-code" not in launch_args(config_for_model(tmp_path, model), "plain")
 

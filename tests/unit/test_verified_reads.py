@@ -18,10 +18,10 @@ import torch
 
 from conftest import config_for_model, eaglebox_cli, small_spec
 from eaglebox.capture.sink import CaptureSink
-from eaglebox.extract.commit import commit_shard
+from eaglebox.extract.commit import commit_shard, feature_bound
 from eaglebox.extract.plan import Planned
 from eaglebox.extract.run import run_extract
-from eaglebox.shards.capture import CaptureSpec
+from eaglebox.shards.contract import CaptureSpec
 from eaglebox.shards.format import DAMAGED, FORMAT, ShardError, ShardReader, save_manifest
 from eaglebox.shards.requests import sample_id_from_rid
 from eaglebox.train.data import prefetch
@@ -196,11 +196,12 @@ def test_rerunning_extract_sets_damaged_samples_aside_and_captures_them_again(ti
     dataset.write_text("{}\n")
     cfg = config_for_model(tmp_path, tiny_target, f"extract.output_dir={out}", f"extract.dataset={dataset}",
                            "extract.shard_size=2", "extract.max_retries=0")
+    bound = feature_bound(tiny_target)
     planned = [Planned(f"{i:032x}", i + 1, [5 + i, 6, 7, 8 + i], [0, 1, 1, 1]) for i in range(6)]
     server = CaptureStandIn(staging, SPEC)
     try:
         log = []
-        first = run_extract(cfg, server.url, SPEC, planned, None, staging, log=log.append)
+        first = run_extract(cfg.extract, server.url, SPEC, planned, None, staging, bound=bound, log=log.append)
         assert sorted(server.captured) == [p.id for p in planned]
         good = {s["file"]: (out / s["file"]).read_bytes() for sh in first["shards"] for s in sh["samples"]}
         flipped, cut = out / "shard-00000" / f"{1:032x}.safetensors", out / "shard-00002" / f"{4:032x}.safetensors"
@@ -218,8 +219,8 @@ def test_rerunning_extract_sets_damaged_samples_aside_and_captures_them_again(ti
 
         server.captured.clear()
         log.clear()
-        again = run_extract(cfg, server.url, SPEC, planned, json.loads((out / "manifest.json").read_text()), staging,
-                            log=log.append)
+        again = run_extract(cfg.extract, server.url, SPEC, planned, json.loads((out / "manifest.json").read_text()), staging,
+                            bound=bound, log=log.append)
         assert sorted(server.captured) == [f"{1:032x}", f"{4:032x}"]  # only the damaged ones, captured again
         assert any(f"{flipped}: its tensors' sha256 differs" in line and f"moved to {out / DAMAGED}" in line
                    for line in log), log

@@ -97,7 +97,7 @@ def test_a_same_size_file_with_its_mtime_set_back_is_hashed_again(tmp_path):
 def test_an_old_fingerprint_in_a_draft_or_shards_gets_one_clear_message(tmp_path):
     from conftest import small_spec
     from eaglebox.serve.provenance import differences
-    from eaglebox.shards.capture import CaptureSpec
+    from eaglebox.shards.contract import CaptureSpec
     from eaglebox.train.loop import check_header
 
     d = model(tmp_path / "m", 1000)

@@ -23,7 +23,7 @@ from pathlib import Path
 import requests
 
 from eaglebox.bench.served import acceptance, plot_bench, run_prompts
-from eaglebox.config.schema import Chain
+from eaglebox.config.schema import Chain, EngineConfig
 from eaglebox.engine.launch import server_for
 from eaglebox.engine.server import SGLangServer, free_port
 from eaglebox.shards.spec import engine_version
@@ -100,7 +100,7 @@ class Bench:
         self.variants = variants(cfg, control)
         b = cfg.bench
         self.outputs: dict[tuple[str, int, int], list[list[int]]] = {}
-        self.report = {"engine": "sglang", "engine_version": engine_version(), "device": device_name(cfg),
+        self.report = {"engine": "sglang", "engine_version": engine_version(), "device": device_name(cfg.engine),
                        "target": str(cfg.model.path), "draft": str(cfg.serve.draft_path), "prompts": len(prompts),
                        "max_new_tokens": b.max_new_tokens, "temperature": 0, "concurrency": b.concurrency,
                        "rounds": b.rounds, "requests": {c: len(requests_at(prompts, c, b.min_requests))
@@ -206,9 +206,9 @@ class Bench:
                 self.save()
 
 
-def device_name(cfg) -> str:
-    if cfg.engine.device != "cuda":
-        return cfg.engine.device
+def device_name(e: EngineConfig) -> str:
+    if e.device != "cuda":
+        return e.device
     import torch
 
     return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cuda"

@@ -21,7 +21,7 @@ from typing import Literal
 
 from eaglebox import SGLANG_VERSION
 from eaglebox.config import Config
-from eaglebox.config.schema import KEYED_FLAGS
+from eaglebox.config.schema import KEYED_FLAGS, EngineConfig
 from eaglebox.errors import EagleboxError
 from eaglebox.target.config import architecture, is_mla, target_dtype
 
@@ -85,10 +85,9 @@ def _choices(flag: str) -> tuple[str, ...]:
     return tuple(_sglang_parser()[0]._option_string_actions[flag].choices)
 
 
-def check_backends(cfg: Config) -> None:
+def check_backends(e: EngineConfig) -> None:
     """Refuse a backend name SGLang would refuse only after its server started (``Triton`` for ``triton``)."""
-    values = {"engine.attention_backend": cfg.engine.attention_backend,
-              "engine.moe_runner_backend": cfg.engine.moe_runner_backend}
+    values = {"engine.attention_backend": e.attention_backend, "engine.moe_runner_backend": e.moe_runner_backend}
     for key, value in values.items():
         if value is None:
             continue
@@ -126,13 +125,13 @@ def _extra_options(extra_args: tuple[str, ...]) -> dict:
     return json.loads(json.dumps(out, default=str, sort_keys=True))
 
 
-def extra_options(cfg: Config) -> dict:
+def extra_options(e: EngineConfig) -> dict:
     """What ``engine.extra_args`` set, read by SGLang's own parser as ``launch_server`` reads them
     (abbreviations included): every option given a value other than its default, by SGLang's name.
     All are recorded (a prefill or decode attention backend, a MoE or quantisation flag, a parallelism
     size: any may change the hidden states); options eaglebox sets from its own keys, and anything
     SGLang does not parse, are refused."""
-    return _extra_options(tuple(cfg.engine.extra_args)) if cfg.engine.extra_args else {}
+    return _extra_options(tuple(e.extra_args)) if e.extra_args else {}
 
 
 DP_ATTENTION_OPTIONS = ("enable_dp_attention", "attn_dp_size")
@@ -163,7 +162,7 @@ def attention_dp_size(cfg: Config) -> int:
     turns into one group, i.e. no DP attention (all one GPU allows); and a width that does not divide
     ``model.tp`` (SGLang asserts it in every scheduler process)."""
     m = cfg.model
-    given = extra_options(cfg).keys() & DP_ATTENTION_OPTIONS
+    given = extra_options(cfg.engine).keys() & DP_ATTENTION_OPTIONS
     if not given:
         return 1
     size = _attention_dp_size(m.tp, m.dp, tuple(cfg.engine.extra_args))
@@ -185,7 +184,7 @@ def hidden_state_options(cfg: Config) -> dict:
     """The launch options that change the target's hidden states, as the capture spec records them;
     ``extra_args`` only when ``engine.extra_args`` set any (:func:`extra_options`)."""
     e, m = cfg.engine, cfg.model
-    extra = extra_options(cfg)
+    extra = extra_options(cfg.engine)
     return {"quantization": m.quantization, "dtype": target_dtype(m.path, m.dtype),
             "attention_backend": attention_backend(cfg), "moe_runner_backend": e.moe_runner_backend,
             "kv_cache_dtype": e.kv_cache_dtype, "tp": m.tp, "dp": m.dp, "ep": m.ep} | ({"extra_args": extra} if extra else {})
@@ -193,7 +192,7 @@ def hidden_state_options(cfg: Config) -> dict:
 
 def base_args(cfg: Config) -> list[str]:
     e, m = cfg.engine, cfg.model
-    check_backends(cfg)
+    check_backends(cfg.engine)
     attention_dp_size(cfg)  # refuses a DP-attention flag that would do nothing or stop SGLang
     args = ["--model-path", str(m.path), "--host", e.host, "--port", str(e.port), "--tp", str(m.tp),
             "--dtype", m.dtype, "--device", e.device]

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import torch
 
+from eaglebox.config.schema import ExtractConfig
 from eaglebox.extract import ExtractError
 from eaglebox.extract.plan import Planned
-from eaglebox.shards.capture import CaptureSpec, describe
+from eaglebox.shards.contract import CaptureSpec, describe
 from eaglebox.shards.format import (
     DAMAGED,
     DTYPE_CODES,
@@ -37,14 +38,14 @@ from eaglebox.target.weights import load_embedding
 STAGING = ".staging"
 
 
-def staging_dir(cfg) -> Path:
+def staging_dir(e: ExtractConfig) -> Path:
     """Where the capture server writes samples before the client commits them to shards."""
-    return Path(cfg.extract.output_dir) / STAGING
+    return Path(e.output_dir) / STAGING
 MANIFEST_SAVE_SHARE = 8
 """The manifest (every sample's entry) is rewritten after a shard once the samples committed since its
 last write are at least 1/8 of all it records, and at the end (or on an error): the bytes written stay
-under ~9x the final manifest, where rewriting it after every shard is quadratic in the samples (at 20k
-samples, 256 a shard: 79 rewrites of up to 6 MB, ~1 s of JSON encoding each). A shard committed but
+under ~9x the final manifest, where rewriting it after every shard is quadratic in the samples
+(docs/measurements.md, "Measurements behind the code"). A shard committed but
 not yet recorded when the client is killed is committed again by the next run from its shard folder
 (its samples are not captured again; see ``commit_shard``)."""
 

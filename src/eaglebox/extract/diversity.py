@@ -11,6 +11,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+from eaglebox.config.schema import ExtractConfig
+
 DOMINANT_SHARE = 0.5
 """An answer whose longest repeated n-gram covers more than this share of its words is dominated by it."""
 
@@ -151,13 +153,13 @@ def shard_answers(reader, tokenizer) -> list[str]:
     return out
 
 
-def corpus_report(cfg, tokenizer) -> dict:
+def corpus_report(e: ExtractConfig, tokenizer) -> dict:
     """How varied the shards' answers are (:func:`eaglebox.extract.diversity.answer_stats`: distinct-answer
     ratio, share of answers dominated by their longest repeated n-gram); written to ``corpus.json`` in
     ``extract.output_dir`` and returned."""
     from eaglebox.shards.format import ShardReader
 
-    out = Path(cfg.extract.output_dir)
-    report = {"regenerated": cfg.extract.regenerate, **answer_stats(shard_answers(ShardReader(out), tokenizer))}
+    out = Path(e.output_dir)
+    report = {"regenerated": e.regenerate, **answer_stats(shard_answers(ShardReader(out), tokenizer))}
     (out / CORPUS).write_text(json.dumps(report, indent=1) + "\n")
     return report

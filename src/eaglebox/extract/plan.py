@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
+from eaglebox.config.schema import ExtractConfig
 from eaglebox.extract import ExtractError
 from eaglebox.extract.dataset import BadRow, Row, read_chat_template, read_rows, tokenize
-from eaglebox.shards.capture import CaptureSpec, describe
+from eaglebox.shards.contract import CaptureSpec, describe
 from eaglebox.shards.format import load_manifest, shard_name
 
 
@@ -49,9 +50,8 @@ def check_disk(out_dir: Path, tokens: int, bpt: int) -> None:
             f"bytes/token), {free / 1e9:.2f} GB are free")
 
 
-def select_rows(cfg, log=print) -> list[Row]:
+def select_rows(e: ExtractConfig, log=print) -> list[Row]:
     """Parse the data set; bad rows fail the run or are skipped (``extract.on_bad_row``)."""
-    e = cfg.extract
     rows, skipped = [], 0
     for row in read_rows(e.dataset, e.format, e.max_row_bytes or 64 * e.max_length):
         if isinstance(row, BadRow):
@@ -72,9 +72,8 @@ def _bad(e, bad: BadRow, log) -> None:
     log(f"skipping {bad}")
 
 
-def plan_samples(cfg, rows: list[Row], tokenizer, spec: CaptureSpec, log=print) -> list[Planned]:
+def plan_samples(e: ExtractConfig, rows: list[Row], tokenizer, spec: CaptureSpec, log=print) -> list[Planned]:
     """Tokenize (assistant-only loss mask), drop over-long rows and duplicates, in data-set order."""
-    e = cfg.extract
     template = read_chat_template(e.chat_template)
     planned, seen, dupes = [], set(), 0
     for row in rows:
@@ -101,10 +100,9 @@ def plan_samples(cfg, rows: list[Row], tokenizer, spec: CaptureSpec, log=print) 
     return planned
 
 
-def check_resume(cfg, planned: list[Planned], spec: CaptureSpec) -> dict | None:
+def check_resume(e: ExtractConfig, planned: list[Planned], spec: CaptureSpec) -> dict | None:
     """The manifest of an earlier run into the same directory (None if new); refuses another spec
     and checks the disk budget for what is left to capture."""
-    e = cfg.extract
     out = Path(e.output_dir)
     manifest = load_manifest(out)
     if manifest is not None and (diffs := spec.diff(manifest["capture"])):
@@ -118,11 +116,10 @@ def check_resume(cfg, planned: list[Planned], spec: CaptureSpec) -> dict | None:
     return manifest
 
 
-def check_disk_before_regeneration(cfg, rows: list[Row], tokenizer, spec: CaptureSpec) -> None:
+def check_disk_before_regeneration(e: ExtractConfig, rows: list[Row], tokenizer, spec: CaptureSpec) -> None:
     """The disk check for a run that regenerates answers first, made before the server starts (and
     again after regeneration): each assistant turn counted at ``regenerate_max_new_tokens`` (plus a
     few template tokens), each sample at most ``max_length``."""
-    e = cfg.extract
     template = read_chat_template(e.chat_template)
     lengths = []
     for row in rows:

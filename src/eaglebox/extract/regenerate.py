@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from eaglebox import progress
+from eaglebox.config.schema import ExtractConfig
 from eaglebox.extract.dataset import Row, read_chat_template, render_chat
 
 CACHE = "regenerated.jsonl"
@@ -48,8 +49,7 @@ def sampling_params(e) -> dict:
             "repetition_penalty": e.regenerate_repetition_penalty}
 
 
-def regenerate(cfg, rows: list[Row], client, tokenizer, out_dir: Path, log=print) -> list[Row]:
-    e = cfg.extract
+def regenerate(e: ExtractConfig, rows: list[Row], client, tokenizer, out_dir: Path, log=print) -> list[Row]:
     template = read_chat_template(e.chat_template)
     sampling = sampling_params(e)
     settings = {"sampling": sampling, "chat_template": template}

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eaglebox import progress
+from eaglebox.config.schema import ExtractConfig
 from eaglebox.engine.launch import server_for
 from eaglebox.extract.commit import (
     ManifestLedger,
     commit_shard,
-    feature_bound,
     set_aside_damaged,
     staging_dir,
     wait_for_files,
@@ -43,7 +43,7 @@ from eaglebox.extract.plan import (
     select_rows,
 )
 from eaglebox.extract.throughput import Throughput, disk_write_rate
-from eaglebox.shards.capture import CaptureSpec
+from eaglebox.shards.contract import CaptureSpec
 from eaglebox.shards.format import FORMAT, file_sha256, shard_dir, shard_name
 
 
@@ -54,33 +54,33 @@ class Plan:
     manifest: dict | None
 
 
-def prepare(cfg, spec: CaptureSpec, tokenizer, log=print) -> Plan:
+def prepare(e: ExtractConfig, spec: CaptureSpec, tokenizer, log=print) -> Plan:
     """Everything that can fail before a server starts: rows, tokenization, resume state, disk."""
-    rows = select_rows(cfg, log)
-    if cfg.extract.regenerate:
-        check_disk_before_regeneration(cfg, rows, tokenizer, spec)
+    rows = select_rows(e, log)
+    if e.regenerate:
+        check_disk_before_regeneration(e, rows, tokenizer, spec)
         return Plan(rows, None, None)
-    planned = plan_samples(cfg, rows, tokenizer, spec, log)
-    return Plan(rows, planned, check_resume(cfg, planned, spec))
+    planned = plan_samples(e, rows, tokenizer, spec, log)
+    return Plan(rows, planned, check_resume(e, planned, spec))
 
 
-def capture(cfg, url: str, spec: CaptureSpec, tokenizer, plan: Plan, staging: Path, *, alive=lambda: True,
-            log=print, report: dict | None = None) -> dict:
+def capture(e: ExtractConfig, url: str, spec: CaptureSpec, tokenizer, plan: Plan, staging: Path, *,
+            bound: float | None, alive=lambda: True, log=print, report: dict | None = None) -> dict:
     """Regenerate if asked, then capture every planned sample; returns the manifest."""
     if plan.planned is None:
         from eaglebox.extract.regenerate import regenerate
 
-        client = Client(url, cfg.extract.max_retries, cfg.extract.retry_backoff_s, alive)
-        rows = regenerate(cfg, plan.rows, client, tokenizer, Path(cfg.extract.output_dir), log)
-        planned = plan_samples(cfg, rows, tokenizer, spec, log)
-        plan = Plan(rows, planned, check_resume(cfg, planned, spec))
-    return run_extract(cfg, url, spec, plan.planned, plan.manifest, staging, alive=alive, log=log, report=report)
+        client = Client(url, e.max_retries, e.retry_backoff_s, alive)
+        rows = regenerate(e, plan.rows, client, tokenizer, Path(e.output_dir), log)
+        planned = plan_samples(e, rows, tokenizer, spec, log)
+        plan = Plan(rows, planned, check_resume(e, planned, spec))
+    return run_extract(e, url, spec, plan.planned, plan.manifest, staging, bound=bound, alive=alive, log=log,
+                       report=report)
 
 
-def open_output(cfg, spec: CaptureSpec, manifest: dict | None, staging: Path) -> dict:
+def open_output(e: ExtractConfig, spec: CaptureSpec, manifest: dict | None, staging: Path) -> dict:
     """Make the output and staging folders, drop the files of writers killed mid-file (their samples are
     captured again) and return the manifest to extend (a new one when ``manifest`` is None)."""
-    e = cfg.extract
     Path(e.output_dir).mkdir(parents=True, exist_ok=True)
     staging.mkdir(parents=True, exist_ok=True)
     for tmp in staging.glob(".*.tmp"):  # a writer killed mid-file; its sample is captured again
@@ -90,20 +90,19 @@ def open_output(cfg, spec: CaptureSpec, manifest: dict | None, staging: Path) ->
     return manifest
 
 
-def run_extract(cfg, url: str, spec: CaptureSpec, planned: list[Planned], manifest: dict | None, staging: Path, *,
-                alive=lambda: True, log=print, report: dict | None = None) -> dict:
+def run_extract(e: ExtractConfig, url: str, spec: CaptureSpec, planned: list[Planned], manifest: dict | None,
+                staging: Path, *, bound: float | None, alive=lambda: True, log=print, report: dict | None = None) -> dict:
     """Capture every planned sample into ``extract.output_dir``; returns the final manifest.
 
     ``staging`` is the server's capture directory (``EAGLEBOX_CAPTURE_DIR``), on the same filesystem.
     The progress bar shows the capture's GB/s beside the disk's raw rate; the last line logged (and
     ``report``, when given, filled) says what bound it (:func:`~eaglebox.extract.throughput.capture_bound`).
+    ``bound`` is the largest |feature| a sample may hold (:func:`~eaglebox.extract.commit.feature_bound`).
     """
-    e = cfg.extract
     out = Path(e.output_dir)
     shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
     done = {s["file"]: s for s in (manifest or {}).get("shards", [])}
-    manifest = open_output(cfg, spec, manifest, staging)
-    bound = feature_bound(cfg.model.path)
+    manifest = open_output(e, spec, manifest, staging)
     for name in set_aside_damaged(out, manifest, e.concurrency, log):
         manifest["shards"] = [s for s in manifest["shards"] if s["file"] != name]
         del done[name]
@@ -167,5 +166,5 @@ def run_extract(cfg, url: str, spec: CaptureSpec, planned: list[Planned], manife
 def capture_server(cfg, spec: CaptureSpec, log_path: Path):
     """An (unstarted) capture server for ``spec``'s layers, writing to :func:`staging_dir` samples that
     record ``spec`` (:meth:`CaptureSpec.sample_header`)."""
-    return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg), layer_ids=list(spec.layers.layer_ids),
+    return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg.extract), layer_ids=list(spec.layers.layer_ids),
                       sample_header=spec.sample_header())

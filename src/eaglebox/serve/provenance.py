@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from eaglebox.draft.sglang import check_export
+from eaglebox.config.schema import ServeConfig
+from eaglebox.draft.export import check_export
 from eaglebox.errors import EagleboxError
-from eaglebox.shards.capture import CaptureSpec
+from eaglebox.shards.contract import CaptureSpec
 from eaglebox.target.fingerprint import WHAT, stale
 
 
@@ -32,17 +33,17 @@ def differences(draft: dict, spec: CaptureSpec, allowed: list[str]) -> list[str]
     return out
 
 
-def check_provenance(cfg, spec: CaptureSpec) -> dict:
+def check_provenance(s: ServeConfig, spec: CaptureSpec) -> dict:
     """Compare the draft's ``eaglebox`` block with ``spec``, the capture spec of the target and engine
     about to serve it (:func:`eaglebox.shards.spec.capture_spec`)."""
-    draft = check_export(cfg.serve.draft_path)
+    draft = check_export(s.draft_path)
     prov = draft.get("eaglebox")
     if prov is None:
-        raise EagleboxError(f"{cfg.serve.draft_path}: config.json has no eaglebox provenance block; it was not "
+        raise EagleboxError(f"{s.draft_path}: config.json has no eaglebox provenance block; it was not "
                             "trained by eaglebox (set serve.allow_provenance_mismatch=true to serve it anyway)")
-    diffs = differences(prov, spec, cfg.serve.allow_engine_differences)
-    if diffs and not cfg.serve.allow_provenance_mismatch:
-        raise EagleboxError(f"{cfg.serve.draft_path} was trained on features this target and engine do not "
+    diffs = differences(prov, spec, s.allow_engine_differences)
+    if diffs and not s.allow_provenance_mismatch:
+        raise EagleboxError(f"{s.draft_path} was trained on features this target and engine do not "
                             "produce:\n  " + "\n  ".join(diffs) +
                             "\n(re-extract and retrain; or list the engine options you accept as different in "
                             "serve.allow_engine_differences; or set serve.allow_provenance_mismatch=true)")

@@ -37,7 +37,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from eaglebox.errors import EagleboxError
-from eaglebox.shards.capture import CaptureSpec, describe
+from eaglebox.shards.contract import CaptureSpec, describe
 
 FORMAT = "eaglebox-shards/2"
 MANIFEST = "manifest.json"

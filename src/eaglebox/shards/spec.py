@@ -1,4 +1,4 @@
-"""The capture spec of a config (:class:`eaglebox.shards.capture.CaptureSpec`).
+"""The capture spec of a config (:class:`eaglebox.shards.contract.CaptureSpec`).
 
 A command computes it once (:func:`capture_spec`, which picks the layer ids) and passes it on: to
 the capture server's launch, the client, the trainer's shard check and the serve-time provenance check.
@@ -10,7 +10,7 @@ import importlib.metadata
 
 from eaglebox.config import Config
 from eaglebox.engine.launch import hidden_state_options
-from eaglebox.shards.capture import CaptureSpec
+from eaglebox.shards.contract import CaptureSpec
 from eaglebox.target.config import target_dtype, text_config
 from eaglebox.target.fingerprint import target_fingerprint
 from eaglebox.target.layers import captured_inputs, layer_rule, sglang_layer_ids

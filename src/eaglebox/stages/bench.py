@@ -17,8 +17,8 @@ def run(cfg) -> int:
 
     if cfg.serve.draft_path is None or cfg.bench.prompts is None:
         raise EagleboxError("serve.draft_path and bench.prompts: required to bench")
-    check_provenance(cfg, capture_spec(cfg))
-    prompts = heldout_prompts(cfg, load_tokenizer(cfg))
+    check_provenance(cfg.serve, capture_spec(cfg))
+    prompts = heldout_prompts(cfg, load_tokenizer(cfg.model))
     out = Path(cfg.bench.output_dir)
     control = None
     if cfg.bench.control and not cfg.bench.url:

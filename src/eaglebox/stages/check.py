@@ -20,7 +20,7 @@ RANDOM_CONTROL_MAX_AL = 1.3
 def run_gate(cfg, log=print) -> dict:
     from eaglebox.draft.offline import evaluate_draft
     from eaglebox.extract.collect import collect
-    from eaglebox.extract.commit import staging_dir
+    from eaglebox.extract.commit import feature_bound, staging_dir
     from eaglebox.extract.diversity import corpus_report
     from eaglebox.extract.http import Client
     from eaglebox.extract.prompts import heldout_prompts
@@ -36,16 +36,17 @@ def run_gate(cfg, log=print) -> dict:
     if cfg.bench.prompts is None or cfg.bench.min_accept_length is None:
         raise EagleboxError("bench.prompts and bench.min_accept_length: required by the gate")
     spec = capture_spec(cfg)
-    tok = load_tokenizer(cfg)
-    plan = prepare(cfg, spec, tok, log)
+    tok = load_tokenizer(cfg.model)
+    plan = prepare(cfg.extract, spec, tok, log)
+    bound = feature_bound(cfg.model.path)
     prompts = heldout_prompts(cfg, tok)
     out = Path(cfg.bench.output_dir)
-    staging = staging_dir(cfg)
+    staging = staging_dir(cfg.extract)
     t0 = time.monotonic()
     timings = {}
     with capture_server(cfg, spec, out / "gate-server.log") as srv:
         timings["server_start_s"] = round(srv.startup_s, 1)
-        capture(cfg, srv.url, spec, tok, plan, staging, alive=srv.alive, log=log)
+        capture(cfg.extract, srv.url, spec, tok, plan, staging, bound=bound, alive=srv.alive, log=log)
         timings["extract_s"] = round(time.monotonic() - t0, 1)
         t1 = time.monotonic()
         trained = run_train(cfg, spec, log=log)
@@ -53,7 +54,7 @@ def run_gate(cfg, log=print) -> dict:
         t2 = time.monotonic()
         client = Client(srv.url, cfg.extract.max_retries, cfg.extract.retry_backoff_s, srv.alive)
         samples = collect(client, prompts, cfg.bench.max_new_tokens, staging, spec)
-    corpus = corpus_report(cfg, tok)  # what the AL is measured on: how varied the target's answers are
+    corpus = corpus_report(cfg.extract, tok)  # what the AL is measured on: how varied the target's answers are
     embed, _ = load_embed_and_head(Path(cfg.model.path))
     random_dir = export_control_draft(trained, Path(cfg.train.output_dir) / "random-draft", cfg.train.seed)
     report = {

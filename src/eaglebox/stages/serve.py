@@ -12,7 +12,7 @@ def run(cfg) -> int:
         from eaglebox.serve.provenance import check_provenance
         from eaglebox.shards.spec import capture_spec
 
-        check_provenance(cfg, capture_spec(cfg))
+        check_provenance(cfg.serve, capture_spec(cfg))
         mode = "speculative"
     args = [sys.executable, "-m", "sglang.launch_server", *launch_args(cfg, mode)]
     print("serve:", " ".join(args), flush=True)

@@ -8,14 +8,13 @@ from pathlib import Path
 from eaglebox.errors import EagleboxError
 
 
-def load_tokenizer(cfg):
-    """``model.path``'s tokenizer; ``model.trust_remote_code`` lets its own code run (Kimi-K2.5 ships a
-    tiktoken-based tokenizer class beside its weights, named by ``auto_map`` in ``tokenizer_config.json``).
+def load_tokenizer(m):
+    """``model.path``'s tokenizer (``m``: the config's ``model`` section; untyped, as config imports
+    target). ``model.trust_remote_code`` lets its own code run (Kimi-K2.5 ships a tiktoken-based tokenizer class beside its weights, named by ``auto_map`` in ``tokenizer_config.json``).
     Without it such a tokenizer is refused up front: transformers would fall back to a generic class
     and fail with an error that does not name the cause."""
     from transformers import AutoTokenizer
 
-    m = cfg.model
     tok_cfg = Path(m.path) / "tokenizer_config.json"
     remote = tok_cfg.exists() and "AutoTokenizer" in (json.loads(tok_cfg.read_text()).get("auto_map") or {})
     if remote and not m.trust_remote_code:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from eaglebox.draft.sglang import export_draft, exported_spec
+from eaglebox.draft.export import export_draft, exported_spec
 from eaglebox.train.checkpoint import trainable_state
 from eaglebox.train.model import Eagle3Draft
 

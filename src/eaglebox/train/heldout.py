@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from eaglebox.draft.sglang import replace_dir
+from eaglebox.draft.export import replace_dir
 from eaglebox.errors import EagleboxError
 
 EVALS = "evals.jsonl"

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from eaglebox import progress
-from eaglebox.draft.sglang import export_draft, provenance
+from eaglebox.draft.export import export_draft, provenance
 from eaglebox.draft.spec import draft_spec
 from eaglebox.errors import EagleboxError
-from eaglebox.shards.capture import CaptureSpec
+from eaglebox.shards.contract import CaptureSpec
 from eaglebox.shards.format import ShardReader, manifest_digest
 from eaglebox.shards.spec import NOT_INSTALLED
 from eaglebox.target.fingerprint import stale
@@ -182,7 +182,7 @@ def make_evaluator(cfg, reader: ShardReader, spec, embed, held_ids: list[int], s
     samples = heldout.requests(reader, held_ids, t.max_length, t.eval_max_samples)
     if not samples:
         raise EagleboxError(f"none of the {len(held_ids)} held-out samples has a prompt and an answer to score")
-    prov = provenance(reader, cfg)
+    prov = provenance(reader, cfg.train.ttt_length)
     evaluator = heldout.Evaluator(Path(t.output_dir), lambda where, w: export_draft(where, spec, w, prov), embed,
                                   samples, cfg.serve.num_steps, reader.capture.engine_version, isolated=d.world > 1,
                                   device=str(d.device), log=log)
@@ -210,7 +210,7 @@ def publish(cfg, reader: ShardReader, spec, weights: dict, evaluator, total: int
     # the TTT attention kernel chosen per GPU from its shared memory (SM120: small flex blocks)
     report = {"steps": total, "attention": attention_choices() or {"cpu": "eager dense reference"}}
     if evaluator is None:
-        export_draft(draft_dir, spec, weights, provenance(reader, cfg))
+        export_draft(draft_dir, spec, weights, provenance(reader, cfg.train.ttt_length))
     else:
         report |= {"train_samples": n_train, "heldout_samples": n_held,
                    **evaluator.finish(draft_dir, weights, cfg.train.export)}

@@ -110,8 +110,8 @@ class Eagle3Draft(nn.Module):
         """The weights a draft step uses, cast to the compute dtype once per forward. Every TTT step
         reuses these copies, so the gradient is summed on them and reaches each fp32 master once.
         ``in_tok`` and ``in_hid`` stack the attention's projections of the [2H] input, its token and hidden
-        halves, contiguous (on the H200 the step's GEMMs took 44.4 ms with strided halves of one stacked
-        weight, 42.0 contiguous)."""
+        halves, contiguous: strided halves of one stacked weight made the step's GEMMs slower
+        (docs/measurements.md, "Measurements behind the code")."""
         m, mlp = self.midlayer, self.midlayer.mlp
         w = {"input_norm": m.input_layernorm.weight, "hidden_norm": m.hidden_norm.weight, **m.self_attn.weights(),
              "post_norm": m.post_attention_layernorm.weight, "gate": mlp.gate_proj.weight, "up": mlp.up_proj.weight,
@@ -171,8 +171,8 @@ class Eagle3Draft(nn.Module):
         Batches are padded to a multiple of :data:`PAD_MULTIPLE` tokens, so blocks and attention see
         at most ``max_length / PAD_MULTIPLE`` lengths, and each length gets kernels of its own
         (``dynamic=False``; one cache entry per length, with room for twice that). Left to itself,
-        torch.compile turns the second length it meets dynamic, and on the H200 dynamic kernels ran
-        10 % slower (0.075 against 0.068 s/step). The loss chunk keeps torch.compile's default: its
+        torch.compile turns the second length it meets dynamic, and dynamic kernels ran slower
+        (docs/measurements.md, "Measurements behind the code"). The loss chunk keeps torch.compile's default: its
         row count changes from step to step, so it turns dynamic on its second call."""
         lengths = -(-max_length // PAD_MULTIPLE)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * lengths)

@@ -83,6 +83,7 @@ def random_prompts(n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
 def capture(cfg, prompts: list[list[int]], log_name: str):
     """Capture ``prompts`` through eaglebox's client and server launch; returns (ShardReader, spec, s)."""
     from eaglebox.engine.launch import server_for
+    from eaglebox.extract.commit import feature_bound
     from eaglebox.extract.plan import Planned, sample_id
     from eaglebox.extract.run import run_extract
     from eaglebox.shards.format import ShardReader
@@ -95,7 +96,8 @@ def capture(cfg, prompts: list[list[int]], log_name: str):
     srv = server_for(cfg, "capture", OUT / f"{log_name}.log", capture_dir=staging, layer_ids=list(spec.layers.layer_ids))
     with srv:
         print(f"{log_name}: server healthy after {srv.startup_s:.0f} s", flush=True)
-        run_extract(cfg, srv.url, spec, planned, None, staging, alive=srv.alive, log=lambda *_: None)
+        run_extract(cfg.extract, srv.url, spec, planned, None, staging, bound=feature_bound(cfg.model.path),
+                    alive=srv.alive, log=lambda *_: None)
     return ShardReader(out), spec, srv
 
 

@@ -336,7 +336,7 @@ def stage_decode_reference(rounds: int = 3, new: int = 128, shape: Path | None =
     dummy = "engine.extra_args=" + json.dumps([*cfg.engine.extra_args, "--load-format", "dummy", "--skip-tokenizer-init"])
     if shape is not None:
         cfg = cfg_now(f"model.path={shape}", dummy)
-    prompts = heldout_prompts(cfg, load_tokenizer(cfg))[:4]
+    prompts = heldout_prompts(cfg, load_tokenizer(cfg.model))[:4]
     ref_cfg = cfg_now(f"model.path={llama8b_shape()}", dummy)
     servers = {"target": server_for(server_cfg(cfg, free_port(), None), "plain", WORK / "logs" / "decode-target.log"),
                "llama8b_random": server_for(server_cfg(ref_cfg, free_port(), None), "plain",

@@ -52,11 +52,11 @@ UNIMPLEMENTED = ("norm_before_residual", "norm_before_fc", "use_aux_norm", "atte
 """Keys SGLang reads (or ignores) that eaglebox's trainer does not implement."""
 
 
-def provenance(reader: ShardReader, cfg) -> dict:
+def provenance(reader: ShardReader, ttt_length: int) -> dict:
     """The ``eaglebox`` block of a draft trained on ``reader``'s shards: their capture spec's
-    provenance (:meth:`eaglebox.shards.capture.CaptureSpec.provenance`) and the data it saw."""
+    provenance (:meth:`eaglebox.shards.contract.CaptureSpec.provenance`) and the data it saw."""
     return {**reader.capture.provenance(), "shards_digest": manifest_digest(reader.manifest),
-            "samples": len(reader), "ttt_length": cfg.train.ttt_length}
+            "samples": len(reader), "ttt_length": ttt_length}
 
 
 def kv_cache_report(spec: DraftSpec, dtype: torch.dtype = torch.bfloat16) -> dict:
