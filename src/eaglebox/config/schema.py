@@ -191,6 +191,10 @@ class TrainConfig(Section):
     as these threads keep pace with the disk."""
     ttt_length: int = Field(7, ge=1)
     loss_decay: float = Field(0.8, gt=0, le=1)
+    loss: Literal["soft_ce", "lk_alpha"] = "soft_ce"
+    """The draft's objective against the target's distribution p: soft cross entropy (the standard
+    EAGLE-3 proxy), or LK^alpha, -log sum_v min(p_v, q_v), the acceptance probability itself (arXiv
+    2602.23881), which a small draft's soft CE optimum need not maximise (docs/training.md#loss)."""
     seed: int = 0
     dtype: Literal["bfloat16", "float32"] = "bfloat16"
     checkpoint_every: int = Field(200, ge=1)

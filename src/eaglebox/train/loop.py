@@ -5,8 +5,9 @@ schedule, RNG, data position. Metrics go to ``metrics.jsonl`` (lines past the re
 dropped, so an interrupted-then-resumed curve equals an uninterrupted one); the end writes
 ``curves.png`` and exports the SGLang draft to ``output_dir/draft``. With ``train.heldout_share`` the
 trainer scores held-out samples with the gate's evaluator during the run and exports the best draft
-(:mod:`eaglebox.train.heldout`). ``report.json`` records the TTT attention kernel chosen for each GPU
-and, with a held-out split, the evaluations.
+(:mod:`eaglebox.train.heldout`). ``report.json`` records the loss (``train.loss``: what ``loss`` in
+``metrics.jsonl`` is), the TTT attention kernel chosen for each GPU and, with a held-out split, the
+evaluations.
 """
 
 from __future__ import annotations
@@ -101,7 +102,8 @@ def run_train(cfg, expected: CaptureSpec, log=print) -> Path:
     step_fn = make_step(ddp, optimizer, params, head, weights, t.max_grad_norm, d,
                         bf16=d.device.type == "cuda" and t.dtype == "bfloat16", graphs=graphs)
     if d.rank == 0:
-        log(f"train: {'CUDA graphs, one per batch shape' if graphs else 'eager steps'} on {d.world} x {d.device.type}")
+        log(f"train: {'CUDA graphs, one per batch shape' if graphs else 'eager steps'} on {d.world} x {d.device.type}; "
+            f"loss {t.loss}")
     bar = progress.bar(total=total, initial=step, desc="train", unit="step", disable=d.rank != 0)
     tokens_seen, t0 = torch.zeros((), dtype=torch.int64, device=d.device), time.monotonic()
     pad = PAD_MULTIPLE if d.device.type == "cuda" else 1
@@ -162,7 +164,7 @@ def build_draft(cfg, reader: ShardReader, d: Dist):
     over the shards (collective), compiled steps on a GPU; with the target's lm_head there too."""
     t = cfg.train
     spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.capture.layers.layer_ids))
-    model = Eagle3Draft(spec)
+    model = Eagle3Draft(spec, loss=t.loss)
     embed, head = load_embed_and_head(Path(cfg.model.path))
     model.embed_tokens.to(embed.dtype)  # frozen: kept in the target's dtype, as SGLang serves it
     with torch.no_grad():
@@ -208,7 +210,8 @@ def publish(cfg, reader: ShardReader, spec, weights: dict, evaluator, total: int
     out = Path(cfg.train.output_dir)
     draft_dir = out / "draft"
     # the TTT attention kernel chosen per GPU from its shared memory (SM120: small flex blocks)
-    report = {"steps": total, "attention": attention_choices() or {"cpu": "eager dense reference"}}
+    report = {"steps": total, "loss": cfg.train.loss,
+              "attention": attention_choices() or {"cpu": "eager dense reference"}}
     if evaluator is None:
         export_draft(draft_dir, spec, weights, provenance(reader, cfg.train.ttt_length))
     else:

@@ -1,5 +1,7 @@
-"""The draft's loss: soft cross entropy against the target's next-token distribution over the draft
-vocabulary, with the lm_head fused in (:class:`DraftHeadLoss`, in row chunks, never holding fp32 logits)."""
+"""The draft's loss against the target's next-token distribution over the draft vocabulary, with the
+lm_head fused in (:class:`DraftHeadLoss`, in row chunks, never holding fp32 logits). ``train.loss``
+picks the chunk function (:data:`HEAD_CHUNKS`): soft cross entropy (:func:`head_chunk`, the default)
+or LK^alpha (:func:`lk_alpha_chunk`), -log of the acceptance probability itself."""
 
 from __future__ import annotations
 
@@ -33,8 +35,45 @@ def head_chunk(z: torch.Tensor, p: torch.Tensor, p_argmax: torch.Tensor, m: torc
     return loss, correct, ((logp.exp() - p) * mf[:, None]).to(z.dtype)
 
 
+ALPHA_FLOOR = 1e-6
+"""Lower clamp of the acceptance probability in :func:`lk_alpha_chunk` (why: its docstring)."""
+
+
+def lk_alpha_chunk(z: torch.Tensor, p: torch.Tensor, p_argmax: torch.Tensor, m: torch.Tensor):
+    """:func:`head_chunk`'s arguments and returns for the LK^alpha loss (arXiv 2602.23881, "LK Losses:
+    Direct Acceptance Rate Optimization for Speculative Decoding"): per row, ``-log alpha`` with
+    ``alpha = sum_v min(p_v, q_v)``, ``q = softmax(z)``: the probability that speculative sampling
+    accepts a token drafted from q against p (1 - TV(p, q)), so the loss is the acceptance the served
+    draft gets, not a proxy for it. Computed in float32 whatever z's dtype; the gradient is
+    closed-form: with ``s = sum_v q_v [q_v < p_v]``, ``d alpha / d z_j = q_j ([q_j < p_j] - s)`` and
+    ``d loss / d z = -(d alpha / d z) / alpha``.
+
+    alpha is clamped to :data:`ALPHA_FLOOR` in both the loss and the 1/alpha factor of the gradient:
+    where the draft puts its mass on tokens to which the target gives (almost) none, alpha rounds
+    to 0 in float32 (p and q both hold exact zeros after softmax underflow), and -log 0 = inf and
+    1/alpha = inf would turn the step's gradient into NaN (one such row is enough, through the
+    gradient clip's norm). With the floor a row's loss is at most -log(1e-6) = 13.8, and below it
+    the row's gradient is d alpha / d z scaled by 1e6: the same direction, not the zero that
+    autograd of ``alpha.clamp_min`` would give. A row with alpha exactly 0 has no gradient either
+    way (every min is 0, so d alpha / d z = 0)."""
+    q = z.float().softmax(-1)
+    mf = m.to(q.dtype)
+    below = q * (q < p)  # q_v where q_v < p_v: min(p_v, q_v) is q_v there
+    alpha = torch.minimum(p, q).sum(-1)
+    a = alpha.clamp_min(ALPHA_FLOOR)
+    loss = -(a.log() * mf).sum()
+    correct = ((z.argmax(-1) == p_argmax) & m).sum()
+    grad = (q * below.sum(-1, keepdim=True) - below) * (mf / a)[:, None]
+    return loss, correct, grad.to(z.dtype)
+
+
+HEAD_CHUNKS = {"soft_ce": head_chunk, "lk_alpha": lk_alpha_chunk}
+"""``train.loss`` -> the chunk function :class:`DraftHeadLoss` runs (compiled on CUDA:
+:meth:`eaglebox.train.model.Eagle3Draft.compile_steps`)."""
+
+
 class DraftHeadLoss(torch.autograd.Function):
-    """The draft's lm_head and its soft-target loss for all TTT steps at once, in row chunks, never
+    """The draft's lm_head and its loss for all TTT steps at once, in row chunks, never
     holding fp32 logits.
 
     Step ``i``'s rows ``xs[i]`` [B, L_i, H] are scored with lm_head ``w`` (in the compute dtype)
@@ -45,8 +84,8 @@ class DraftHeadLoss(torch.autograd.Function):
     one lm_head gradient, not one per step summed. A step's loss needs only its own rows (the next
     step is fed the pre-norm output), which is why the head can wait until every step has run.
     Every row is computed, masked or not: gathering the scored rows costs a host sync and a
-    scatter, which measured slower on the H200 than the wasted rows. ``chunk_fn`` is
-    :func:`head_chunk` or its compiled form.
+    scatter, which measured slower on the H200 than the wasted rows. ``chunk_fn`` is one of
+    :data:`HEAD_CHUNKS` (:func:`head_chunk`, :func:`lk_alpha_chunk`) or its compiled form.
     """
 
     @staticmethod

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from eaglebox.draft.spec import DraftSpec
-from eaglebox.train.loss import head_chunk
+from eaglebox.train.loss import HEAD_CHUNKS
 from eaglebox.train.mla import MLAAttention
 from eaglebox.train.norm import RMSNorm, rms_norm
 from eaglebox.train.rope import Rotary, apply_rotary
@@ -88,9 +88,12 @@ class MidLayer(nn.Module):
 
 
 class Eagle3Draft(nn.Module):
-    def __init__(self, spec: DraftSpec):
+    def __init__(self, spec: DraftSpec, loss: str = "soft_ce"):
+        """``loss``: ``train.loss``, the key of :data:`~eaglebox.train.loss.HEAD_CHUNKS` whose chunk
+        function scores the lm_head's rows."""
         super().__init__()
         self.spec = spec
+        self.loss = loss
         H = spec.hidden_size
         self.embed_tokens = nn.Embedding(spec.vocab_size, H)
         self.embed_tokens.weight.requires_grad_(False)  # the target's, frozen
@@ -104,7 +107,7 @@ class Eagle3Draft(nn.Module):
         self.register_buffer("t2d", torch.zeros(spec.vocab_size, dtype=torch.bool))
         # training kernels: the exact eager references (CPU); compile_steps() swaps in the fused ones
         self.attention = ttt_attention
-        self.head_chunk = head_chunk
+        self.head_chunk = HEAD_CHUNKS[loss]
 
     def step_weights(self, dtype: torch.dtype) -> dict[str, torch.Tensor]:
         """The weights a draft step uses, cast to the compute dtype once per forward. Every TTT step
@@ -179,4 +182,4 @@ class Eagle3Draft(nn.Module):
         self.qkv = torch.compile(self.qkv, dynamic=False)
         self.finish = torch.compile(self.finish, dynamic=False)
         self.attention = flex_ttt_attention
-        self.head_chunk = torch.compile(head_chunk)
+        self.head_chunk = torch.compile(HEAD_CHUNKS[self.loss])
