@@ -73,8 +73,23 @@ def writes_on_this_rank(parallel) -> bool:
     Every attention-TP rank sees every request of its attention group with the full rows (the
     logits processor gathers them), so exactly one rank per group must write: attention-TP rank 0.
     Without ``--enable-dp-attention`` there is one group and that is TP rank 0; with it, each DP
-    group schedules its own requests, so each group's attention-TP rank 0 writes its own samples."""
-    return parallel.attn_tp_rank == 0
+    group schedules its own requests, so each group's attention-TP rank 0 writes its own samples.
+
+    Only the last pipeline stage (``pp_rank == pp_size - 1``) may write: it alone runs the logits
+    processor and hooks layers (``set_eagle3_layers_to_capture`` returns on earlier stages). SGLang
+    0.5.23 captures nothing under ``--pp-size`` > 1 all the same (it refuses
+    ``--enable-return-aux-hidden-states`` with it; every stage, the last too, processes results rebuilt
+    from the pipeline's output ring, without hidden states), and eaglebox refuses such a capture before
+    a server starts (:func:`eaglebox.engine.launch.check_capture_pipeline`); the rule stands so that
+    no earlier stage writes if rows ever reach one. A ``ParallelContext`` without the pipeline fields
+    written (SGLang raises on reading them) is one stage."""
+    def field(name: str, default: int) -> int:  # SGLang raises RuntimeError/ValueError for an unwritten one
+        try:
+            return getattr(parallel, name)
+        except (AttributeError, RuntimeError, ValueError):
+            return default
+
+    return field("pp_rank", 0) == field("pp_size", 1) - 1 and parallel.attn_tp_rank == 0
 
 
 def _captured_layer_inputs(processor) -> list[int] | None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -23,7 +24,8 @@ from eaglebox import SGLANG_VERSION
 from eaglebox.config import Config
 from eaglebox.config.schema import KEYED_FLAGS, EngineConfig
 from eaglebox.errors import EagleboxError
-from eaglebox.target.config import architecture, is_mla, target_dtype
+from eaglebox.target.config import architecture, is_mla, num_layers, target_dtype
+from eaglebox.target.layers import captured_inputs, layer_rule
 
 Mode = Literal["plain", "capture", "speculative"]
 
@@ -180,6 +182,61 @@ def attention_dp_size(cfg: Config) -> int:
     return size
 
 
+PP_PARTITION_ENV = "SGLANG_PP_LAYER_PARTITION"
+"""The environment variable by which SGLang 0.5.23 takes an uneven pipeline split (``get_pp_indices``)."""
+
+
+def pipeline_stages(layers: int, pp_size: int, env: dict[str, str]) -> list[tuple[int, int]]:
+    """Each pipeline stage's layers ``[start, end)``, split by SGLang's own ``get_pp_indices`` with
+    :data:`PP_PARTITION_ENV` as the server would see it (``engine.env`` over this process's)."""
+    from sglang.srt.distributed import get_pp_indices
+
+    saved = os.environ.get(PP_PARTITION_ENV)
+    if PP_PARTITION_ENV in env:
+        os.environ[PP_PARTITION_ENV] = env[PP_PARTITION_ENV]
+    try:
+        return [tuple(get_pp_indices(layers, rank, pp_size)) for rank in range(pp_size)]
+    finally:
+        if saved is None:
+            os.environ.pop(PP_PARTITION_ENV, None)
+        else:
+            os.environ[PP_PARTITION_ENV] = saved
+
+
+def check_capture_pipeline(cfg: Config, layer_ids: list[int]) -> None:
+    """Refuse a capture under pipeline parallelism (``--pp-size`` > 1 in ``engine.extra_args``), before a
+    server starts: SGLang 0.5.23 delivers no features there. Only the last stage hooks layers
+    (``set_eagle3_layers_to_capture`` returns on the others), a stage passes the next one only its
+    residual stream (``to_pp``), not aux hidden states, and every stage, the last too, processes results
+    rebuilt from the pipeline's output ring without hidden states (``get_logprob_from_pp_outputs``);
+    SGLang itself refuses ``--enable-return-aux-hidden-states`` with ``pp_size != 1``. Serving a draft
+    under pipeline parallelism is not refused (``capture/serve_check.py``)."""
+    pp = int(extra_options(cfg.engine).get("pp_size", 1))
+    if pp == 1:
+        return
+    arch, rule = layer_rule(cfg.model.path)
+    n = num_layers(cfg.model.path)
+    inputs = captured_inputs(rule, layer_ids, n)
+    try:
+        stages = pipeline_stages(n, pp, cfg.engine.env)
+        split = ", ".join(f"stage {r}: layers {a}-{b - 1}" for r, (a, b) in enumerate(stages))
+        where = [next(r for r, (a, b) in enumerate(stages) if a <= i < b) for i in inputs]
+        placed = f"[{split}]; the capture hooks the inputs of layers {inputs}, on stages {where}"
+    except ValueError as err:  # SGLANG_PP_LAYER_PARTITION that SGLang refuses
+        placed = f"no split ({err}); the capture hooks the inputs of layers {inputs}"
+    gpus = cfg.model.tp * pp
+    raise EagleboxError(
+        f"engine.extra_args: --pp-size {pp} cannot capture features: SGLang {SGLANG_VERSION} splits {arch}'s {n} "
+        f"layers into {pp} stages (get_pp_indices) {placed}. Only the last stage hooks layers, a stage passes the "
+        "next one its residual stream but no aux hidden states, and no stage gets hidden states back from the "
+        "pipeline's output ring; SGLang refuses --enable-return-aux-hidden-states with pp_size != 1. Capture with "
+        f"pipeline size 1: drop --pp-size from engine.extra_args (e.g. TP only on the same {gpus} GPUs, model.tp "
+        f"{gpus}), the same engine build otherwise. The capture spec records engine.extra_args (and model.tp): a "
+        "draft captured so and served with --pp-size differs in extra_args.pp_size, which "
+        "serve.allow_engine_differences cannot name (only flags that cannot change hidden states; tp it can): "
+        "serve it with the capture's options, or set serve.allow_provenance_mismatch=true")
+
+
 def hidden_state_options(cfg: Config) -> dict:
     """The launch options that change the target's hidden states, as the capture spec records them;
     ``extra_args`` only when ``engine.extra_args`` set any (:func:`extra_options`)."""
@@ -223,6 +280,7 @@ def launch_args(cfg: Config, mode: Mode, layer_ids: list[int] | None = None) -> 
     if mode == "capture":
         if layer_ids is None:
             raise ValueError("capture mode needs the layer ids to capture")
+        check_capture_pipeline(cfg, layer_ids)  # refuses --pp-size > 1: SGLang delivers no features there
         args += ["--enable-return-aux-hidden-states", "--speculative-algorithm", "EAGLE3",
                  "--return-aux-hidden-state-layer-ids", *map(str, layer_ids),
                  "--disable-radix-cache", "--skip-server-warmup"]
