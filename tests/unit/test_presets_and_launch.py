@@ -117,12 +117,15 @@ def test_engine_extra_args_may_not_carry_flags_with_keys(tmp_path):
         load_config("configs/tiny-cpu.yaml", ['engine.extra_args=["--kv-cache-dtype=fp8_e4m3"]'])
 
 
-def test_capture_writers_are_niced_on_cpu_only(tmp_path):
+def test_capture_writers_are_niced_on_cpu_only_and_counted_by_the_config(tmp_path):
     model = fake_model(tmp_path, LLAMA_CONFIG)
     cpu = load_config("configs/tiny-cpu.yaml", [f"model.path={model}"])
     assert launch_env(cpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_NICE_WRITERS"] == "1"
     gpu = load_config("configs/tiny-cpu.yaml", [f"model.path={model}", "engine.device=cuda"])
     assert launch_env(gpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_NICE_WRITERS"] == "0"
+    assert launch_env(gpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_WRITERS"] == "4"
+    eight = load_config("configs/tiny-cpu.yaml", [f"model.path={model}", "extract.capture_writers=8"])
+    assert launch_env(eight, "capture", tmp_path)["EAGLEBOX_CAPTURE_WRITERS"] == "8"
 
 
 @pytest.mark.parametrize("dp_attention", [["model.dp=8", 'engine.extra_args=["--enable-dp-attention"]'],

@@ -128,6 +128,7 @@ def patch(module) -> None:
             sys.setswitchinterval(float(os.environ.get("EAGLEBOX_CAPTURE_SWITCH_INTERVAL_S", "0.0005")))
             state["sink"] = CaptureSink(os.environ["EAGLEBOX_CAPTURE_DIR"],
                                         buffer_bytes=int(os.environ.get("EAGLEBOX_CAPTURE_BUFFER_BYTES", 4 << 30)),
+                                        writers=int(os.environ.get("EAGLEBOX_CAPTURE_WRITERS", "4")),
                                         nice_writers=os.environ.get("EAGLEBOX_CAPTURE_NICE_WRITERS") == "1",
                                         header=header, on_error=stop_server)
         return state["sink"]

@@ -325,6 +325,7 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None,
         if sample_header is not None:
             env["EAGLEBOX_CAPTURE_HEADER"] = json.dumps(sample_header, sort_keys=True)
         env["EAGLEBOX_CAPTURE_BUFFER_BYTES"] = str(cfg.extract.writer_buffer_mb << 20)
+        env["EAGLEBOX_CAPTURE_WRITERS"] = str(cfg.extract.capture_writers)
         # On CPU the forward runs on the cores the writers would take: they yield to it (nice 19).
         env.setdefault("EAGLEBOX_CAPTURE_NICE_WRITERS", "1" if cfg.engine.device == "cpu" else "0")
     if mode == "speculative" and (expected := draft_layer_inputs(cfg.serve.draft_path)) is not None:

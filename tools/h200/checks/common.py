@@ -54,8 +54,9 @@ def save_target(model, path: Path, files: list[Path]) -> Path:
 
 def config_for(model_path: Path, name: str, port: int, layer_ids: list[int], *extra_args: str,
                chunked_prefill: int | None = None, concurrency: int = 64, mem_fraction: float = 0.3,
-               env: dict | None = None):
-    """An eaglebox config for a GPU server on ``model_path`` (no tokenizer: requests send token ids)."""
+               env: dict | None = None, extract: dict | None = None):
+    """An eaglebox config for a GPU server on ``model_path`` (no tokenizer: requests send token ids);
+    ``extract``: more keys of its extract section (e.g. ``capture_writers``)."""
     from eaglebox.config import load_config
 
     out = WORK / name
@@ -68,7 +69,7 @@ def config_for(model_path: Path, name: str, port: int, layer_ids: list[int], *ex
                    "chunked_prefill_size": chunked_prefill, "startup_timeout_s": 500, "env": env or {},
                    "extra_args": ["--sampling-backend", "pytorch", "--skip-tokenizer-init", *extra_args]},
         "extract": {"dataset": str(out / "dataset.jsonl"), "output_dir": str(out / "shards"),
-                    "concurrency": concurrency, "shard_size": 32, "max_length": 8192},
+                    "concurrency": concurrency, "shard_size": 32, "max_length": 8192, **(extract or {})},
     }
     path = out / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
