@@ -176,10 +176,12 @@ def read_sample(path: Path, sha256: str, rows: int, capture: CaptureSpec) -> dic
     """A committed sample's ``input_ids``, ``aux`` and ``last``, read whole (one read into one buffer,
     the tensors are views of it) and verified: the tensors' sha256 is ``sha256`` (the manifest's), its
     header agrees with ``capture`` (:meth:`CaptureSpec.diff_sample_header`), it has ``rows`` rows. sha256 releases the GIL
-    on these buffers, so loader threads verify in parallel. Raises :class:`DamagedSample`."""
+    on these buffers, so loader threads verify in parallel. The buffer is ``torch.empty``'s, not a
+    ``bytearray``: that zeroes the whole sample with the GIL held, which stalls the training step's
+    thread (docs/measurements.md, "Measurements behind the code"). Raises :class:`DamagedSample`."""
     try:
         size = path.stat().st_size
-        buf = bytearray(size)
+        buf = torch.empty(size, dtype=torch.uint8).numpy()  # pages faulted in by readinto, GIL released
         with open(path, "rb", buffering=0) as f:
             got = f.readinto(buf)
     except OSError as err:
