@@ -381,8 +381,9 @@ def work(a) -> None:
         stage_target(a)
         write_data()
         cfg = cfg_now()
-        stage("extract", Path(cfg.extract.output_dir) / "manifest.json", *a.extract_overrides, fit_samples(cfg))
-        stage("train", Path(cfg.serve.draft_path) / "config.json")
+        stage("extract", Path(cfg.extract.output_dir) / "manifest.json", *a.extract_overrides,
+              fit_samples(cfg_now(*a.extract_overrides)))
+        stage("train", Path(cfg.serve.draft_path) / "config.json", *a.train_overrides)
         try:
             if DEVICE == "cuda":  # on the CPU, speculation runs Triton's interpreter: minutes a token at 32 layers
                 stage("bench", Path(cfg.bench.output_dir) / "bench.png", *bench_overrides())
@@ -460,6 +461,8 @@ def main() -> None:
     ap.add_argument("--target-batch", type=int, default=20)
     ap.add_argument("--extract-override", dest="extract_overrides", action="append", default=[],
                     help="config overrides for extraction alone (e.g. a larger KV pool: it runs alone on the GPU)")
+    ap.add_argument("--train-override", dest="train_overrides", action="append", default=[],
+                    help="config overrides for training alone (e.g. fewer steps where less device time is left)")
     ap.add_argument("--no-decode-reference", dest="decode_reference", action="store_false")
     ap.add_argument("--decode-reference-only", action="store_true",
                     help="only the decode cost: the target's shape and Llama-3.1-8B's, random weights, side by side")
