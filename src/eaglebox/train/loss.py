@@ -43,8 +43,8 @@ def lk_alpha_chunk(z: torch.Tensor, p: torch.Tensor, p_argmax: torch.Tensor, m: 
     """:func:`head_chunk`'s arguments and returns for the LK^alpha loss (arXiv 2602.23881, "LK Losses:
     Direct Acceptance Rate Optimization for Speculative Decoding"): per row, ``-log alpha`` with
     ``alpha = sum_v min(p_v, q_v)``, ``q = softmax(z)``: the probability that speculative sampling
-    accepts a token drafted from q against p (1 - TV(p, q)), so the loss is the acceptance the served
-    draft gets, not a proxy for it. Computed in float32 whatever z's dtype; the gradient is
+    accepts a token drafted from q against p (1 - TV(p, q)): the acceptance itself under sampled
+    verification, not a proxy for it (greedy verification accepts by argmax instead). Computed in float32 whatever z's dtype; the gradient is
     closed-form: with ``s = sum_v q_v [q_v < p_v]``, ``d alpha / d z_j = q_j ([q_j < p_j] - s)`` and
     ``d loss / d z = -(d alpha / d z) / alpha``.
 
