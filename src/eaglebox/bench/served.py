@@ -23,10 +23,14 @@ def histogram_to_accepted(hist: list[int]) -> list[int]:
     return [k for k, n in enumerate(hist) for _ in range(n)]
 
 
-def run_prompts(url: str, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> dict:
+def run_prompts(url: str, prompts: list[list[int]], max_new_tokens: int, concurrency: int, *,
+                ignore_eos: bool = False) -> dict:
+    """Greedy answers to ``prompts``, ``concurrency`` at a time; ``ignore_eos``: every request decodes
+    ``max_new_tokens`` (a decode cost measured on equal lengths)."""
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": 0} | ({"ignore_eos": True} if ignore_eos else {})
+
     def one(p):
-        r = requests.post(url + "/generate", json={"input_ids": p, "sampling_params": {
-            "max_new_tokens": max_new_tokens, "temperature": 0}}, timeout=1800)
+        r = requests.post(url + "/generate", json={"input_ids": p, "sampling_params": sampling}, timeout=1800)
         r.raise_for_status()
         return r.json()
 

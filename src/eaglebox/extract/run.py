@@ -166,5 +166,6 @@ def run_extract(e: ExtractConfig, url: str, spec: CaptureSpec, planned: list[Pla
 def capture_server(cfg, spec: CaptureSpec, log_path: Path):
     """An (unstarted) capture server for ``spec``'s layers, writing to :func:`staging_dir` samples that
     record ``spec`` (:meth:`CaptureSpec.sample_header`)."""
-    return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg.extract), layer_ids=list(spec.layers.layer_ids),
+    return server_for(cfg, "capture", log_path, capture_dir=staging_dir(cfg.extract),
+                      layer_ids=list(spec.layers.layer_ids),
                       sample_header=spec.sample_header())

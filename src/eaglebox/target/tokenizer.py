@@ -10,7 +10,8 @@ from eaglebox.errors import EagleboxError
 
 def load_tokenizer(m):
     """``model.path``'s tokenizer (``m``: the config's ``model`` section; untyped, as config imports
-    target). ``model.trust_remote_code`` lets its own code run (Kimi-K2.5 ships a tiktoken-based tokenizer class beside its weights, named by ``auto_map`` in ``tokenizer_config.json``).
+    target). ``model.trust_remote_code`` lets its own code run (Kimi-K2.5 ships a tiktoken-based
+    tokenizer class beside its weights, named by ``auto_map`` in ``tokenizer_config.json``).
     Without it such a tokenizer is refused up front: transformers would fall back to a generic class
     and fail with an error that does not name the cause."""
     from transformers import AutoTokenizer

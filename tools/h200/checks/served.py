@@ -36,7 +36,6 @@ import tarfile
 import time
 from pathlib import Path
 
-import requests
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -299,13 +298,10 @@ def llama8b_shape() -> Path:
 def decode_ms(url: str, prompts: list[list[int]], new: int) -> float:
     """Milliseconds a token at concurrency 1 (one request at a time, ``ignore_eos``: every request decodes
     ``new`` tokens)."""
-    t0, n = time.monotonic(), 0
-    for p in prompts:
-        r = requests.post(url + "/generate", json={"input_ids": p, "sampling_params": {
-            "max_new_tokens": new, "temperature": 0, "ignore_eos": True}}, timeout=600)
-        r.raise_for_status()
-        n += r.json()["meta_info"]["completion_tokens"]
-    return 1000 * (time.monotonic() - t0) / n
+    from eaglebox.bench.served import run_prompts
+
+    r = run_prompts(url, prompts, new, 1, ignore_eos=True)
+    return 1000 * r["wall_s"] / r["completion_tokens"]
 
 
 def target_shape() -> Path:
