@@ -382,7 +382,7 @@ def work(a) -> None:
         stage("train", Path(cfg.serve.draft_path) / "config.json", *a.train_overrides)
         try:
             if DEVICE == "cuda":  # on the CPU, speculation runs Triton's interpreter: minutes a token at 32 layers
-                stage("bench", Path(cfg.bench.output_dir) / "bench.png", *bench_overrides())
+                stage("bench", Path(cfg.bench.output_dir) / "bench.png", *bench_overrides(), *a.bench_overrides)
         finally:  # a bench cut short still leaves the decode reference to measure
             if a.decode_reference:
                 stage_decode_reference()
@@ -459,6 +459,8 @@ def main() -> None:
                     help="config overrides for extraction alone (e.g. a larger KV pool: it runs alone on the GPU)")
     ap.add_argument("--train-override", dest="train_overrides", action="append", default=[],
                     help="config overrides for training alone (e.g. fewer steps where less device time is left)")
+    ap.add_argument("--bench-override", dest="bench_overrides", action="append", default=[],
+                    help="config overrides for the bench alone (e.g. no chain sweep: bench.chains=[])")
     ap.add_argument("--no-decode-reference", dest="decode_reference", action="store_false")
     ap.add_argument("--decode-reference-only", action="store_true",
                     help="only the decode cost: the target's shape and Llama-3.1-8B's, random weights, side by side")
