@@ -2,6 +2,9 @@
 itself (SGLang's dependency), and its dequantized bf16 twin."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -109,3 +112,69 @@ def test_refuses_what_is_not_a_bf16_moe_target(tmp_path):
     save_file({"model.layers.1.mlp.experts.0.up_proj.weight": torch.zeros(64, 64)}, src / "model.safetensors")
     with pytest.raises(ValueError, match="reads a bf16 target"):
         int4.quantize_target(src, tmp_path / "out", log=lambda *_: None)
+
+
+SGLANG_INT4_MOE_KERNEL = """import json, sys
+
+import torch
+import triton
+import triton.language as tl
+from safetensors.torch import load_file
+from sglang.kernels.ops.moe.fused_moe_triton_kernels import fused_moe_kernel_gptq_awq
+from eaglebox_dev import int4
+
+packed = load_file(sys.argv[1] + "/model.safetensors")
+E, T, BM = 8, 24, 16
+p = "model.layers.1.mlp.experts.{}.{}_proj.weight_{}"
+torch.manual_seed(0)
+expert_of = [i % E for i in range(T)]
+out = {}
+for names, K in ((("gate", "up"), 128), (("down",), 64)):
+    w = torch.stack([torch.cat([packed[p.format(e, n, "packed")] for n in names]) for e in range(E)])
+    s = torch.stack([torch.cat([packed[p.format(e, n, "scale")] for n in names]) for e in range(E)]).half()
+    N = w.shape[1]
+    x = torch.randn(T, K).half()
+    # the reference: q * scale from eaglebox_dev.int4's unpack, rounded to fp16 as the kernel's compute type
+    deq = torch.stack([(int4.unpack(w[e], K).float().reshape(N, K // 32, 32) * s[e].float()[..., None]).reshape(N, K)
+                       for e in range(E)]).half()
+    ref = torch.stack([x[i].float() @ deq[expert_of[i]].float().T for i in range(T)])
+    for layout in ("file", "nibbles_swapped"):
+        u8 = w.contiguous().view(torch.uint8)  # [E, N, K/2]: CompressedTensorsWNA16TritonMoE's layout after loading
+        if layout == "nibbles_swapped":
+            u8 = ((u8 << 4) | (u8 >> 4)).contiguous()
+        ids, experts = [], []
+        for e in range(E):
+            rows = [i for i in range(T) if expert_of[i] == e]
+            ids += rows + [T] * (BM - len(rows))
+            experts.append(e)
+        ids, experts = torch.tensor(ids, dtype=torch.int32), torch.tensor(experts, dtype=torch.int32)
+        C = torch.zeros(T, N, dtype=torch.float16)
+        fused_moe_kernel_gptq_awq[(len(experts) * triton.cdiv(N, 32),)](
+            x, u8, C, s, None, None, ids, experts, torch.tensor([len(ids)], dtype=torch.int32), N, K, len(ids), T,
+            x.stride(0), x.stride(1), u8.stride(0), u8.stride(2), u8.stride(1), C.stride(0), C.stride(1),
+            s.stride(0), s.stride(2), s.stride(1), 0, 0, 0, group_size=32, MUL_ROUTED_WEIGHT=False, top_k=1,
+            compute_type=tl.float16, has_zp=False, use_int4_w4a16=True, use_int8_w8a16=False, even_Ks=True,
+            BLOCK_SIZE_M=BM, BLOCK_SIZE_N=32, BLOCK_SIZE_K=32, GROUP_SIZE_M=1)
+        out[f"{'w13' if K == 128 else 'w2'}_{layout}"] = float((C.float() - ref).norm() / ref.norm())
+print(json.dumps(out))
+"""
+"""One MoE layer of the INT4 file through SGLang's own W4A16 kernel (``fused_moe_kernel_gptq_awq``, what
+``--moe-runner-backend triton`` runs), its weights laid out as SGLang 0.5.23 leaves them: ``FusedMoE``'s loader
+transposes each expert's tensors into [K/8, N] slots, gate then up (``fused_moe_triton/layer.py:1355-1366``),
+and ``CompressedTensorsWNA16TritonMoE`` transposes back and views the words as bytes ([E, N, K/2] uint8,
+``compressed_tensors_wNa16_moe.py:515``). Each token goes to one expert; the relative error against
+``x @ (q * scale)^T``, for the file and for a copy with each byte's nibbles swapped."""
+
+
+def test_sglang_int4_moe_kernel_reads_the_file_as_q_times_scale(quantized):
+    """In float16: under Triton's interpreter the same call in bfloat16 gives ~1e11 for outputs of ~1 (likely
+    the wrong CPU output of benchmarks/results/int4-cpu-probe.md), as the interpreter's bf16 MLA does
+    (eaglebox refuses that); on a GPU the kernel runs in bf16. The swapped copy shows the check tells
+    layouts apart."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "SGLANG_USE_CPU_ENGINE": "1"}
+    r = subprocess.run([sys.executable, "-c", SGLANG_INT4_MOE_KERNEL, str(quantized[0])], env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    err = json.loads(r.stdout.strip().splitlines()[-1])
+    assert err["w13_file"] < 1e-3 and err["w2_file"] < 1e-3, err  # fp16 rounding of the outputs
+    assert err["w13_nibbles_swapped"] > 0.5 and err["w2_nibbles_swapped"] > 0.5, err
