@@ -17,7 +17,7 @@ Stages, each skipped when its output exists (a run cut short continues where it 
 1. **target**: the shipped tiny DeepSeek-V3 target (5 trained layers) padded to 7 (two pass-through MoE
    layers: zero ``o_proj`` and ``down_proj``) so (c)'s shifted inputs exist; ``eaglebox_dev.int4`` writes it
    in Kimi-K2.5's INT4 format and as dequantized bf16; the padding's logits are checked against the 5 layers.
-2. **greedy** (GPU): SGLang serves the INT4 target and the dequantized one; their greedy outputs compared.
+2. **greedy**: SGLang serves the INT4 target and the dequantized one; their greedy outputs compared.
 3. ``eaglebox extract``: (a).
 4. **other engine**: (b), and the distance of (a) and (b) per captured layer (cos, relative error).
 5. **train**: (a) and (b) with the same config, each on its own shards, for each ``--seeds``; (c) relabelled.
@@ -28,7 +28,8 @@ Stages, each skipped when its output exists (a run cut short continues where it 
 
 Like ``served.py``, a worker in its own session runs the stages and each call follows it (``--follow-s``).
 ``--smoke`` runs the flow on the CPU (configs/int4-smoke-cpu.yaml): SGLang 0.5.23 cannot serve the INT4
-target there, so (a) comes from the padded bf16 target in float32 and the GPU stages are left out.
+target there, so (a) comes from the padded bf16 target in float32, the greedy stage serves that target next
+to the dequantized twin, and the bench is left out.
 
     bash tools/h200/run.sh int4 --follow-s 550
 """
@@ -156,10 +157,15 @@ def write_data() -> None:
 
 # ---------------------------------------------------------------- greedy equality (GPU)
 
+SERVED_PAIR = (("int4", "target-int4"), ("dequantized_bf16", "target-dequant"))
+"""What the greedy stage serves side by side. --smoke: the bf16 target and the dequantized twin (SGLang
+serves no INT4 target on a CPU), i.e. what int4 rounding alone does to greedy output."""
+
+
 def stage_greedy(new: int = 64) -> None:
-    """The INT4 target and its dequantized twin served by SGLang side by side, greedy, the bench's prompts:
-    where their outputs first differ, per prompt (the INT4 kernel computes q * scale in bf16 as the
-    dequantized weights hold it, so differences come from the kernels' arithmetic, not the weights)."""
+    """:data:`SERVED_PAIR` served by SGLang side by side, greedy, the bench's prompts: where their outputs
+    first differ, per prompt. The INT4 kernel computes q * scale in bf16 as the twin holds it, so on the GPU
+    differences come from the kernels' arithmetic, not the weights."""
     from eaglebox.bench.rounds import differences, server_cfg
     from eaglebox.bench.served import run_prompts
     from eaglebox.engine.launch import server_for
@@ -172,8 +178,7 @@ def stage_greedy(new: int = 64) -> None:
     cfg = cfg_now()
     prompts = heldout_prompts(cfg, load_tokenizer(cfg.model))
     servers = {name: server_for(server_cfg(cfg_now(f"model.path={WORK / d}"), free_port(), None), "plain",
-                                WORK / "logs" / f"greedy-{name}.log")
-               for name, d in (("int4", "target-int4"), ("dequantized_bf16", "target-dequant"))}
+                                WORK / "logs" / f"greedy-{name}.log") for name, d in SERVED_PAIR}
     try:
         for s in servers.values():
             s.launch()
@@ -184,10 +189,11 @@ def stage_greedy(new: int = 64) -> None:
     finally:
         for s in servers.values():
             s.stop()
-    diffs = differences(outs["int4"], outs["dequantized_bf16"])
-    RESULT["greedy"] = {"prompts": len(prompts), "new_tokens": new, "identical": len(prompts) - len(diffs),
-                        "first_differences": diffs}
-    log(f"greedy: {len(prompts) - len(diffs)}/{len(prompts)} outputs identical, INT4 vs dequantized bf16")
+    (a, _), (b, _) = SERVED_PAIR
+    diffs = differences(outs[a], outs[b])
+    RESULT["greedy"] = {"served": [n for n, _ in SERVED_PAIR], "prompts": len(prompts), "new_tokens": new,
+                        "identical": len(prompts) - len(diffs), "first_differences": diffs}
+    log(f"greedy: {len(prompts) - len(diffs)}/{len(prompts)} outputs identical, {a} vs {b}")
     save()
 
 
@@ -347,6 +353,21 @@ def refusal(draft: Path) -> list[str]:
     return []
 
 
+def train_refusal() -> str:
+    """What ``eaglebox train`` says of (b)'s shards under the config (its check, before any step)."""
+    from eaglebox.errors import EagleboxError
+    from eaglebox.shards.format import ShardReader
+    from eaglebox.shards.spec import capture_spec
+    from eaglebox.train.loop import check_header
+
+    cfg = cfg_now(*variant("b", 0))
+    try:
+        check_header(ShardReader(cfg.extract.output_dir).capture, capture_spec(cfg), Path(cfg.extract.output_dir))
+    except EagleboxError as err:
+        return str(err)
+    return ""
+
+
 def stage_offline(name: str, draft: Path, seed: int) -> None:
     """Offline AL of ``draft`` on the held-out samples of (a)'s shards (the trainer's split at ``seed``):
     SGLang's draft class, chain drafting, the target's greedy tokens and (a)'s features."""
@@ -355,6 +376,8 @@ def stage_offline(name: str, draft: Path, seed: int) -> None:
     from eaglebox.target.weights import load_embed_and_head
     from eaglebox.train import heldout
 
+    if f"{name}-s{seed}" in RESULT.get("offline", {}):
+        return
     cfg = cfg_now(*variant("a", seed))
     reader = ShardReader(cfg.extract.output_dir)
     _, held = heldout.split(len(reader), cfg.train.heldout_share, seed)
@@ -401,10 +424,11 @@ def work(a) -> None:
         stage_target()
         if DEVICE == "cuda":
             write_data()
-            stage_greedy()
+        stage_greedy(cfg_now().bench.max_new_tokens)
         if not (Path(cfg_now().extract.output_dir) / "manifest.json").exists():
             eaglebox("extract", *a.extract_overrides, log_name="extract")
         stage_other_engine()
+        RESULT.setdefault("refusals", {})["train-b"] = train_refusal()
         for seed in a.seeds:
             drafts = {"a": stage_train("a", seed), "b": stage_train("b", seed)}
             drafts["c"] = shifted_draft(drafts["a"], WORK / f"train-c-s{seed}" / "draft")
@@ -466,7 +490,7 @@ def follow(a, argv: list[str]) -> None:
 
 
 def main() -> None:
-    global CONFIG, WORK, DEVICE, OTHER_ENGINE_MODEL
+    global CONFIG, WORK, DEVICE, OTHER_ENGINE_MODEL, SERVED_PAIR
     ap = argparse.ArgumentParser()
     ap.add_argument("--follow-s", type=float, default=570, help="return after this many seconds (the worker runs on)")
     ap.add_argument("--worker", action="store_true", help="(internal) run the stages")
@@ -480,6 +504,10 @@ def main() -> None:
     CONFIG, WORK = a.config.resolve(), a.work
     if a.smoke:
         DEVICE, OTHER_ENGINE_MODEL = "cpu", "target-bf16"
+        SERVED_PAIR = (("bf16", "target-bf16"), ("dequantized_bf16", "target-dequant"))
+        # SGLang fixes its platform when its modules are first imported (here by the greedy stage, before the
+        # offline stage's draft class): the CPU engine's, as tests/conftest.py does
+        os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
     if a.worker or a.smoke:
         work(a)
     else:
