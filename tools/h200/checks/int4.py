@@ -32,6 +32,9 @@ target there, so (a) comes from the padded bf16 target in float32, the greedy st
 to the dequantized twin, and the bench is left out.
 
     bash tools/h200/run.sh int4 --follow-s 550
+
+Every output sits in the folder of the config's ``model.path`` (``/tmp/h200-int4``; the smoke config's
+``/tmp/int4-smoke``).
 """
 
 from __future__ import annotations
@@ -498,17 +501,20 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0],
                     help="training seeds of (a) and (b); the spread of one seed comes from the bench's rounds")
     ap.add_argument("--extract-override", dest="extract_overrides", action="append", default=[])
-    ap.add_argument("--smoke", action="store_true", help="the flow on the CPU (pass a CPU --config), no serving stages")
-    ap.add_argument("--work", type=Path, default=WORK)
+    ap.add_argument("--smoke", action="store_true", help="the flow on the CPU (pass a CPU --config): no INT4 serving, no bench")
     a = ap.parse_args()
-    CONFIG, WORK = a.config.resolve(), a.work
+    CONFIG = a.config.resolve()
+    cfg = cfg_now()
+    WORK = Path(cfg.model.path).parent  # every stage's output sits beside the target, as the configs place them
+    if Path(cfg.extract.output_dir) != WORK / "shards-a":
+        ap.error(f"{CONFIG}: extract.output_dir must be {WORK / 'shards-a'} (beside model.path)")
     if a.smoke:
         DEVICE, OTHER_ENGINE_MODEL = "cpu", "target-bf16"
         SERVED_PAIR = (("bf16", "target-bf16"), ("dequantized_bf16", "target-dequant"))
         # SGLang fixes its platform when its modules are first imported (here by the greedy stage, before the
         # offline stage's draft class): the CPU engine's, as tests/conftest.py does
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
-    if a.worker or a.smoke:
+    if a.worker:
         work(a)
     else:
         argv = sys.argv[1:]
