@@ -113,6 +113,7 @@ def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within
     assert "resumed from" in resumed.stdout + resumed.stderr
     assert losses(out) == want  # exactly: the features are deterministic, the order is the checkpoint's
     report = json.loads((out / "report.json").read_text())["data"]
+    print(json.dumps({"spool_peak_bytes": peak.peak, "budget": budget, "report": report}))
     # hybrid kept what the budget allows from step 13 on and read it back in the third epoch
     assert report["data"] == "hybrid" and report["from_disk"] > 0 and report["captured"] > 0, report
     assert report["kept_samples"] < 64 and report["high_water_bytes"] <= budget, report

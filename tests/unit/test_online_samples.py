@@ -133,3 +133,12 @@ def test_a_killed_server_is_restarted_once_for_all_threads_or_named_in_one_error
     with pytest.raises(ExtractError, match=r"the capture server exited and train.online.restarts=0 restarts are "
                                            r"used up; cause: its log's last error: no cause in its log \(log: .*server.log\)"):
         read_all(samples)
+
+
+def test_a_wrong_answer_from_a_live_server_stops_the_run_without_a_restart(tmp_path):
+    samples, server, *_ = reader(tmp_path, planned(small_spec()), restarts=3)
+    post = samples.client.post
+    samples.client.post = lambda path, body: post(path, body) | {"meta_info": {"prompt_tokens": 1}}
+    with pytest.raises(ExtractError, match=r"sample at line 1: server saw 1 prompt tokens, sent 40"):
+        samples.get(0)
+    assert server.starts == 0

@@ -85,7 +85,8 @@ class OnlineSamples:
         self._masks = torch.tensor([m for p in planned for m in p.loss_mask], dtype=torch.uint8)
         self._digest = samples_digest(spec, [(p.id, p.loss_mask) for p in planned])
         self._locks = [threading.Lock() for _ in planned]  # an epoch's last batch and the next's first may share one
-        self._lock = threading.Lock()  # the byte accounting and the restart
+        self._lock = threading.Lock()  # the byte accounting
+        self._restart_lock = threading.Lock()
         self._generation, self._restarted = 0, 0
         self._kept: dict[str, int] = {}  # sample id -> bytes, in kept/
         self._kept_bytes = self._in_flight = 0
@@ -160,7 +161,8 @@ class OnlineSamples:
             with self._lock:
                 self._kept_bytes -= self._kept.pop(p.id, 0)
             return None
-        self.stats["from_disk"] += 1
+        with self._lock:
+            self.stats["from_disk"] += 1
         return s
 
     def _capture(self, p: Planned) -> dict[str, torch.Tensor]:
@@ -172,41 +174,41 @@ class OnlineSamples:
                 wait_for_files([(path, f"sample at line {p.line}")], alive=self._alive)
                 break
             except ExtractError as err:
-                if self.server is None or self._alive():
-                    raise
+                if self.server is None:
+                    raise  # a server at train.online.url: the client's retries were the wait
                 self._restart(generation, err)
+        size = path.stat().st_size
+        with self._lock:
+            self._in_flight += size
+            self.stats["high_water_bytes"] = max(self.stats["high_water_bytes"], self._in_flight + self._kept_bytes)
         try:
-            size = path.stat().st_size
-            with self._lock:
-                self._in_flight += size
-                self.stats["high_water_bytes"] = max(self.stats["high_water_bytes"],
-                                                     self._in_flight + self._kept_bytes)
             s = self._verify(path, p)
-            self.stats["captured"] += 1
             with self._lock:
-                self._in_flight -= size
+                self.stats["captured"] += 1
                 if self._fits(size):
                     os.replace(path, self.spool / KEPT / path.name)
                     self._kept[p.id] = size
                     self._kept_bytes += size
-                    return s
-        except BaseException:
-            path.unlink(missing_ok=True)
-            raise
-        path.unlink()
-        return s
+            return s
+        finally:
+            path.unlink(missing_ok=True)  # gone already when kept
+            with self._lock:
+                self._in_flight -= size
 
     def _alive(self) -> bool:
         return self.server is None or self.server.alive()
 
     def _restart(self, generation: int, err: Exception) -> None:
-        """Start the server again, once for all the threads that saw it exit (``generation``), on the
-        keeper thread: the kernel's parent-death signal follows the thread that started it."""
+        """Start the server again, once for all the threads whose attempt (begun in ``generation``) failed
+        with it; re-raise ``err`` when the server is up and was not restarted since (a failure of its own).
+        On the keeper thread: the kernel's parent-death signal follows the thread that started it."""
         from eaglebox.engine.server import exit_cause
 
-        with self._lock:
+        with self._restart_lock:
             if generation != self._generation:
-                return  # another thread restarted it meanwhile
+                return  # another thread restarted it meanwhile: try again
+            if self.server.alive():
+                raise err
             proc = self.server.proc
             code = f"exit code {proc.returncode}; " if proc is not None and proc.returncode is not None else ""
             cause = f"{code}its log's last error: {exit_cause(self.server.log_path, [self.spool])}"
