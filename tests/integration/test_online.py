@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from conftest import GREEDY, ROOT, TINY_CONFIG, free_port
+from conftest import GREEDY, ROOT, TINY_CONFIG, eaglebox_cli, free_port
 
 pytestmark = pytest.mark.sglang
 
@@ -119,3 +119,14 @@ def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within
     assert report["kept_samples"] < 64 and report["high_water_bytes"] <= budget, report
     assert 0 < peak.peak <= budget, peak.peak
     assert sorted(p.name for p in spool.iterdir()) == ["kept"]  # nothing in flight is left behind
+
+    # the same draft as offline, but its provenance names the sample list; `eaglebox export` rebuilds it
+    draft = (out / "draft" / "model.safetensors").read_bytes()
+    assert draft == (tmp_path / "offline" / "draft" / "model.safetensors").read_bytes()
+    ours, theirs = (json.loads((d / "draft" / "config.json").read_text())["eaglebox"] for d in (out, tmp_path / "offline"))
+    assert ours["samples"] == theirs["samples"] == 64 and ours["shards_digest"] != theirs["shards_digest"]
+    (out / "draft" / "model.safetensors").unlink()
+    r = eaglebox_cli("export", "--config", str(TINY_CONFIG), f"train.output_dir={out}", "train.data=hybrid",
+                     f"train.online.budget_bytes={budget}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (out / "draft" / "model.safetensors").read_bytes() == draft

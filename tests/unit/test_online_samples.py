@@ -142,3 +142,24 @@ def test_a_wrong_answer_from_a_live_server_stops_the_run_without_a_restart(tmp_p
     with pytest.raises(ExtractError, match=r"sample at line 1: server saw 1 prompt tokens, sent 40"):
         samples.get(0)
     assert server.starts == 0
+
+
+def test_hybrid_without_a_budget_and_a_budget_below_the_samples_in_flight_are_refused_before_a_server(
+        tiny_target, tmp_path):
+    from conftest import config_for_model
+    from eaglebox.config.load import ConfigError
+    from eaglebox.extract.online import online_samples
+    from eaglebox.shards.spec import capture_spec
+
+    base = ["capture.layer_ids=[0, 1, 2]", "engine.device=cpu", "engine.max_total_tokens=1024",
+            f"extract.dataset={tmp_path / 'none.jsonl'}", f"train.output_dir={tmp_path / 'train'}"]
+    with pytest.raises(ConfigError, match=r"train.data: hybrid keeps samples on disk up to train.online.budget_bytes"):
+        config_for_model(tmp_path, tiny_target, *base, "train.data=hybrid")
+    cfg = config_for_model(tmp_path, tiny_target, *base, "train.data=hybrid", "train.online.budget_bytes=1000000",
+                           "extract.max_length=2048")
+    with pytest.raises(ExtractError, match=r"train.online.budget_bytes=1,000,000 cannot hold the samples in flight: "
+                                           r"5 \(train.loader_threads \+ 1\) of up to 2048 tokens \(extract.max_length\) "
+                                           r"are 10,905,600 bytes"):
+        with online_samples(cfg, capture_spec(cfg)):
+            pass
+    assert not (tmp_path / "train").exists()
