@@ -100,8 +100,12 @@ def test_hybrid_keeps_within_the_budget_and_reads_the_same_features_back(tmp_pat
     assert r["captured"] == 2 * len(plan) - r["kept_samples"]
     assert r["high_water_bytes"] <= samples.budget and r["kept_bytes"] + reserve <= samples.budget
     assert sorted(p.name for p in spool.iterdir()) == [KEPT]  # nothing in flight left
-    # a new reader of the same samples (a resumed run) reuses what was kept, verified on read
+    # a new reader of the same samples (a resumed run after kill -9) drops what was in flight or half written
+    # and reuses what was kept, verified on read
+    (spool / "0123.safetensors").write_bytes(b"in flight")
+    (spool / ".0123.safetensors.7-7.tmp").write_bytes(b"half")
     again, _, _, _ = reader(tmp_path, plan, budget=samples.budget)
+    assert sorted(p.name for p in spool.iterdir()) == [KEPT]
     assert again.report()["kept_samples"] == r["kept_samples"]
     read_all(again)
     assert again.report()["from_disk"] == r["kept_samples"]
