@@ -176,8 +176,35 @@ class DraftConfig(Section):
         return rope
 
 
+class OnlineConfig(Section):
+    """Training without storing every feature (``train.data: online | hybrid``, issue 31): a capture
+    server launched as ``eaglebox extract`` launches it writes each sample the next batches need into
+    ``spool_dir``; the trainer verifies it as extraction does, reads it and deletes it (hybrid keeps it
+    while the spool stays under ``budget_bytes``)."""
+
+    spool_dir: Path | None = None
+    """The capture server's capture directory (in-flight samples) and, under ``kept/``, hybrid's cache;
+    None: ``train.output_dir/spool``. One trainer per spool."""
+    budget_bytes: int | None = Field(None, ge=1)
+    """Disk the spool may hold at its high-water mark: the samples in flight (``train.loader_threads`` + 1
+    of the longest) plus what hybrid keeps. Required for hybrid; with online, a budget the samples in
+    flight could pass is refused before the server starts."""
+    url: str | None = None
+    """A capture server already running with ``spool_dir`` as its capture directory (started as
+    ``eaglebox extract`` starts one, for this config's capture spec); None: the trainer starts its own."""
+    restarts: int = Field(3, ge=0)
+    """Times the trainer restarts its own capture server after it exits (kill -9, out of memory) before it
+    stops naming the cause; a server at ``url`` is waited for (``extract.max_retries``) instead."""
+
+
 class TrainConfig(Section):
     output_dir: Path = Path("runs/train")
+    data: Literal["offline", "online", "hybrid"] = "offline"
+    """Where features come from: ``offline`` reads the shards in ``extract.output_dir``; ``online``
+    captures each sample when the loader needs it (``train.online``) and keeps nothing; ``hybrid`` keeps
+    captured samples up to ``train.online.budget_bytes`` and captures the rest again each epoch. The
+    samples are ``extract``'s (data set, tokenization, ``max_length``, regeneration) in both."""
+    online: OnlineConfig = OnlineConfig()
     draft: DraftConfig = DraftConfig()
     lr: float = Field(1e-4, gt=0)
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
@@ -223,6 +250,12 @@ class TrainConfig(Section):
     export: Literal["best", "last"] = "best"
     """Which weights become ``output_dir/draft`` when held-out evaluation is on: the best held-out
     acceptance length (``draft-last`` keeps the last beside it), or the last."""
+
+    @model_validator(mode="after")
+    def _hybrid_has_a_budget(self) -> TrainConfig:
+        if self.data == "hybrid" and self.online.budget_bytes is None:
+            raise ValueError("train.data: hybrid keeps samples on disk up to train.online.budget_bytes; set it")
+        return self
 
 
 ENGINE_OPTIONS = ("quantization", "dtype", "attention_backend", "moe_runner_backend", "kv_cache_dtype", "tp", "dp", "ep")

@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 
 from eaglebox.draft.spec import MLA_DIMS, DraftSpec
 from eaglebox.errors import EagleboxError
-from eaglebox.shards.format import ShardReader, manifest_digest
+from eaglebox.shards.format import ShardReader
 
 CLASSES = {"llama": "LlamaForCausalLMEagle3", "deepseek_mla": "Eagle3DeepseekV2ForCausalLM"}
 ARCHITECTURES = {v: k for k, v in CLASSES.items()}
@@ -55,7 +55,7 @@ UNIMPLEMENTED = ("norm_before_residual", "norm_before_fc", "use_aux_norm", "atte
 def provenance(reader: ShardReader, ttt_length: int) -> dict:
     """The ``eaglebox`` block of a draft trained on ``reader``'s shards: their capture spec's
     provenance (:meth:`eaglebox.shards.contract.CaptureSpec.provenance`) and the data it saw."""
-    return {**reader.capture.provenance(), "shards_digest": manifest_digest(reader.manifest),
+    return {**reader.capture.provenance(), "shards_digest": reader.digest(),
             "samples": len(reader), "ttt_length": ttt_length}
 
 

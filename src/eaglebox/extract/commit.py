@@ -127,6 +127,12 @@ def set_aside_damaged(out: Path, manifest: dict, threads: int, log=print) -> lis
 
 
 
+def drop_partial_files(folder: Path) -> None:
+    """Delete the temporaries of capture writers killed mid-file: their samples are captured again."""
+    for tmp in folder.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+
+
 def wait_for_files(files: list[tuple[Path, str]], wait_s: float = 120, alive=lambda: True) -> None:
     """Wait until the server's writer has renamed each (file, what it is) into place; a server that exits
     meanwhile (``alive`` false) ends the wait at once instead of after ``wait_s``."""

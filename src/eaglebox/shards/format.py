@@ -260,6 +260,17 @@ def manifest_digest(manifest: dict) -> str:
     return hashlib.sha256(json.dumps([manifest["capture"], shards], sort_keys=True).encode()).hexdigest()
 
 
+def samples_digest(capture: CaptureSpec, samples: list[tuple[str, list[int]]]) -> str:
+    """Identifies the data of a run whose features do not exist yet (``train.data: online | hybrid``): the
+    capture spec and each sample's (id, loss mask) in order; the id is a content address of the token ids
+    and the spec. A checkpoint records it, so a resume trains on the same samples in the same order."""
+    h = hashlib.sha256(capture.digest_json().encode())
+    for sid, mask in samples:
+        h.update(sid.encode())
+        h.update(bytes(mask))
+    return h.hexdigest()
+
+
 class DamagedIndex(ShardError):
     """A shard index missing or changed after capture. Its message carries no advice: a reader adds
     :data:`REPAIR`, while ``eaglebox extract``, which is that repair, says it commits the shard again."""
@@ -322,6 +333,13 @@ class ShardReader:
 
     def __len__(self) -> int:
         return len(self.index)
+
+    def digest(self) -> str:
+        """What the trainer's checkpoints and the draft's provenance record as its data."""
+        return manifest_digest(self.manifest)
+
+    def report(self) -> dict:
+        return {"data": "offline", "shards": str(self.dir)}
 
     def rows(self, i: int) -> int:
         return self.index[i][3]

@@ -24,7 +24,7 @@ from eaglebox.draft.export import export_draft, provenance
 from eaglebox.draft.spec import draft_spec
 from eaglebox.errors import EagleboxError
 from eaglebox.shards.contract import CaptureSpec
-from eaglebox.shards.format import ShardReader, manifest_digest
+from eaglebox.shards.format import ShardReader
 from eaglebox.shards.spec import NOT_INSTALLED
 from eaglebox.target.fingerprint import stale
 from eaglebox.target.weights import load_embed_and_head
@@ -52,6 +52,11 @@ def check_header(recorded: CaptureSpec, expected: CaptureSpec, where: Path) -> N
                             "; re-extract or fix the config")
 
 
+DATA_PROVENANCE = "data-provenance.json"
+"""An online or hybrid run's draft provenance (:func:`~eaglebox.draft.export.provenance` of its samples), for
+``eaglebox export``."""
+
+
 def lr_lambda(warmup: int, total: int, min_ratio: float):
     def f(step: int) -> float:
         if step < warmup:
@@ -61,12 +66,15 @@ def lr_lambda(warmup: int, total: int, min_ratio: float):
     return f
 
 
-def run_train(cfg, expected: CaptureSpec, log=print) -> Path:
+def run_train(cfg, expected: CaptureSpec, log=print, reader=None) -> Path:
+    """``reader``: where the samples come from, with :class:`ShardReader`'s interface (``len``, ``get``,
+    ``ids_and_mask``, ``capture``, ``digest``, ``report``); None reads the shards of ``extract.output_dir``.
+    ``eaglebox train`` passes the online reader for ``train.data: online | hybrid``."""
     t = cfg.train
     d = Dist()
     torch.manual_seed(t.seed)
     out = Path(t.output_dir)
-    reader = ShardReader(cfg.extract.output_dir)
+    reader = reader if reader is not None else ShardReader(cfg.extract.output_dir)
     check_header(reader.capture, expected, Path(cfg.extract.output_dir))
     spec, model, embed, head = build_draft(cfg, reader, d)
     ddp = parallelize(model, t.parallel, d.world)
@@ -87,6 +95,8 @@ def run_train(cfg, expected: CaptureSpec, log=print) -> Path:
     if d.rank == 0:
         out.mkdir(parents=True, exist_ok=True)
         _truncate_metrics(metrics_path, step)
+        if t.data != "offline":  # `eaglebox export` has no shards to read it from
+            (out / DATA_PROVENANCE).write_text(json.dumps(provenance(reader, t.ttt_length), indent=1) + "\n")
     evaluator = make_evaluator(cfg, reader, spec, embed, held_ids, step, d, log) if held_ids and d.rank == 0 else None
 
     def evaluate(at: int) -> None:
@@ -152,7 +162,7 @@ def plan_steps(n_train: int, world: int, t) -> tuple[int, int]:
 
 def data_order(reader: ShardReader, t) -> dict:
     """What fixes the order of batches: a checkpoint resumes only where it is the same."""
-    order = {"shards": manifest_digest(reader.manifest), "batch_size": t.batch_size, "max_length": t.max_length,
+    order = {"shards": reader.digest(), "batch_size": t.batch_size, "max_length": t.max_length,
              "seed": t.seed}
     if t.heldout_share:  # only then: checkpoints of runs without a held-out split stay resumable
         order["heldout_share"] = t.heldout_share
@@ -210,7 +220,7 @@ def publish(cfg, reader: ShardReader, spec, weights: dict, evaluator, total: int
     out = Path(cfg.train.output_dir)
     draft_dir = out / "draft"
     # the TTT attention kernel chosen per GPU from its shared memory (SM120: small flex blocks)
-    report = {"steps": total, "loss": cfg.train.loss,
+    report = {"steps": total, "loss": cfg.train.loss, "data": reader.report(),
               "attention": attention_choices() or {"cpu": "eager dense reference"}}
     if evaluator is None:
         export_draft(draft_dir, spec, weights, provenance(reader, cfg.train.ttt_length))

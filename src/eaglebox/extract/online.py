@@ -1,0 +1,277 @@
+"""Online training's samples (``train.data: online | hybrid``, issue 31 on one host): each sample is
+captured when the trainer's loader needs it, verified as extraction verifies it, read, and deleted.
+
+The transport on one host is the capture server's own files: the server is launched exactly as
+``eaglebox extract`` launches it (:func:`~eaglebox.extract.run.capture_server`: same spec, radix cache
+off), with the spool as its capture directory. :meth:`OnlineSamples.get` sends one sample
+(:func:`~eaglebox.extract.http.capture_one`: rows == prompt tokens), waits for its file, checks it as a
+commit does (:func:`~eaglebox.extract.commit.verify_staged`: echoed ids == sent ids, the capture header
+with target and engine provenance, widths, dtype, health) and reads it hashed whole
+(:func:`~eaglebox.shards.format.read_sample`). The trainer's ``prefetch`` bounds how far ahead that runs
+(``train.loader_threads`` batches), so the spool holds at most one sample per loader thread (plus the
+held-out evaluator's, before the loop), and what hybrid keeps (``kept/``), which stays under
+``train.online.budget_bytes`` less room for those in flight.
+
+Everything that needs all samples up front comes from the token ids alone (the plan: data set,
+tokenization, regeneration cache): the draft vocabulary, the held-out split and the data digest a
+checkpoint records (:func:`~eaglebox.shards.format.samples_digest`), so a resumed run trains on the same
+samples in the same order. A trainer killed mid-run leaves files in flight; the next run deletes them
+(:func:`clean_spool`). A server that exits (kill -9) is restarted, up to ``train.online.restarts``
+times, and the samples in flight are sent again; a server at ``train.online.url`` is waited for with the
+client's retries. Either way the run stops with one error naming the cause when it cannot go on.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from eaglebox.extract import ExtractError
+from eaglebox.extract.commit import drop_partial_files, feature_bound, verify_staged, wait_for_files
+from eaglebox.extract.http import Client, capture_one
+from eaglebox.extract.plan import Planned, bytes_per_token
+from eaglebox.shards.contract import CaptureSpec
+from eaglebox.shards.format import ShardError, read_sample, samples_digest
+
+KEPT = "kept"
+HEADER_BYTES = 64 << 10
+"""Room for a sample file's header (the capture spec, sha256, largest values: a few KiB) in the budget."""
+
+
+def in_flight_reserve(max_length: int, spec: CaptureSpec, threads: int) -> int:
+    """Disk the samples in flight may take at once: ``threads`` files of the longest sample."""
+    bpt = bytes_per_token(spec.hidden_size, len(spec.layers.layer_ids), spec.dtype_bytes)
+    return threads * (max_length * bpt + HEADER_BYTES)
+
+
+def clean_spool(spool: Path, keep: bool) -> None:
+    """What a killed trainer or server left: files being written, samples in flight (captured again when
+    needed); without ``keep`` (online), hybrid's kept samples too."""
+    spool.mkdir(parents=True, exist_ok=True)
+    drop_partial_files(spool)
+    for f in spool.glob("*.safetensors"):
+        f.unlink()
+    if not keep:
+        shutil.rmtree(spool / KEPT, ignore_errors=True)
+    else:
+        (spool / KEPT).mkdir(exist_ok=True)
+
+
+class OnlineSamples:
+    """:class:`~eaglebox.shards.format.ShardReader`'s interface (``len``, ``get``, ``ids_and_mask``,
+    ``rows``, ``capture``, ``digest``, ``report``) over samples captured on demand. ``budget`` None keeps
+    nothing (online); otherwise samples are kept in ``spool/kept`` while kept + ``reserve`` fits in it."""
+
+    def __init__(self, planned: list[Planned], spec: CaptureSpec, client: Client, spool: Path, bound: float | None, *,
+                 budget: int | None, reserve: int, server=None, keeper: ThreadPoolExecutor | None = None,
+                 restarts: int = 0, log=print):
+        self.capture, self.client, self.spool, self.bound = spec, client, Path(spool), bound
+        self.budget, self.reserve, self.server, self.keeper = budget, reserve, server, keeper
+        self.restarts, self.log = restarts, log
+        # the plan as flat tensors (ShardReader's index holds them so too): 9 bytes a token, not Python lists
+        self._sids = [p.id for p in planned]
+        self._lines = [p.line for p in planned]
+        self._offsets = [0]
+        for p in planned:
+            self._offsets.append(self._offsets[-1] + len(p.input_ids))
+        self._ids = torch.tensor([t for p in planned for t in p.input_ids], dtype=torch.int64)
+        self._masks = torch.tensor([m for p in planned for m in p.loss_mask], dtype=torch.uint8)
+        self._digest = samples_digest(spec, [(p.id, p.loss_mask) for p in planned])
+        self._locks = [threading.Lock() for _ in planned]  # an epoch's last batch and the next's first may share one
+        self._lock = threading.Lock()  # the byte accounting
+        self._restart_lock = threading.Lock()
+        self._generation, self._restarted = 0, 0
+        self._kept: dict[str, int] = {}  # sample id -> bytes, in kept/
+        self._kept_bytes = self._in_flight = 0
+        self.stats = {"captured": 0, "from_disk": 0, "high_water_bytes": 0, "server_restarts": 0}
+        if budget is not None:
+            self._load_kept()
+
+    def _load_kept(self) -> None:
+        """Kept samples of an earlier run of this data, within the budget; the rest deleted."""
+        wanted = set(self._sids)
+        for f in sorted((self.spool / KEPT).iterdir()):
+            size = f.stat().st_size
+            if f.name.endswith(".safetensors") and f.stem in wanted and self._fits(size):
+                self._kept[f.stem] = size
+                self._kept_bytes += size
+            else:
+                f.unlink()
+
+    def _fits(self, size: int) -> bool:
+        """Hybrid keeps a sample while the kept ones and room for those in flight stay within the budget."""
+        return self.budget is not None and self._kept_bytes + size + self.reserve <= self.budget
+
+    def __len__(self) -> int:
+        return len(self._sids)
+
+    def rows(self, i: int) -> int:
+        return self._offsets[i + 1] - self._offsets[i]
+
+    def ids_and_mask(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample ``i``'s token ids and loss mask, from the plan (nothing captured)."""
+        a, b = self._offsets[i], self._offsets[i + 1]
+        return self._ids[a:b], self._masks[a:b]
+
+    def digest(self) -> str:
+        return self._digest
+
+    def report(self) -> dict:
+        return {"data": "online" if self.budget is None else "hybrid", "spool": str(self.spool),
+                "budget_bytes": self.budget, "kept_samples": len(self._kept), "kept_bytes": self._kept_bytes,
+                **self.stats}
+
+    def planned(self, i: int) -> Planned:
+        ids, mask = self.ids_and_mask(i)
+        return Planned(self._sids[i], self._lines[i], ids.tolist(), mask.tolist())
+
+    def get(self, i: int, max_rows: int | None = None) -> dict[str, torch.Tensor]:
+        """Sample ``i`` verified: read from ``kept/`` (hybrid) or captured now; cut to ``max_rows``."""
+        p = self.planned(i)
+        with self._locks[i]:
+            s = self._read_kept(p) if p.id in self._kept else None
+            if s is None:
+                s = self._capture(p)
+        ids, mask = self.ids_and_mask(i)
+        n = min(len(ids), max_rows) if max_rows else len(ids)
+        return {"input_ids": ids[:n], "loss_mask": mask[:n], "aux": s["aux"][:n], "last": s["last"][:n]}
+
+    def _verify(self, path: Path, p: Planned) -> dict[str, torch.Tensor]:
+        """Extraction's checks from the header and ids (:func:`verify_staged`), then every byte hashed."""
+        digest = verify_staged(path, p, self.capture, self.bound)
+        try:
+            return read_sample(path, digest, len(p.input_ids), self.capture)
+        except ShardError as err:
+            raise ExtractError(f"sample at line {p.line}: {err}") from None
+
+    def _read_kept(self, p: Planned) -> dict[str, torch.Tensor] | None:
+        path = self.spool / KEPT / f"{p.id}.safetensors"
+        try:
+            s = self._verify(path, p)
+        except (ExtractError, ShardError, OSError) as err:  # damaged since: it is captured again
+            self.log(f"train: {err}; capturing it again")
+            path.unlink(missing_ok=True)
+            with self._lock:
+                self._kept_bytes -= self._kept.pop(p.id, 0)
+            return None
+        with self._lock:
+            self.stats["from_disk"] += 1
+        return s
+
+    def _capture(self, p: Planned) -> dict[str, torch.Tensor]:
+        path = self.spool / f"{p.id}.safetensors"
+        while True:
+            generation = self._generation
+            try:
+                capture_one(self.client, p)
+                wait_for_files([(path, f"sample at line {p.line}")], alive=self._alive)
+                break
+            except ExtractError as err:
+                if self.server is None:
+                    raise  # a server at train.online.url: the client's retries were the wait
+                self._restart(generation, err)
+        size = path.stat().st_size
+        with self._lock:
+            self._in_flight += size
+            self.stats["high_water_bytes"] = max(self.stats["high_water_bytes"], self._in_flight + self._kept_bytes)
+        try:
+            s = self._verify(path, p)
+            with self._lock:
+                self.stats["captured"] += 1
+                if self._fits(size):
+                    os.replace(path, self.spool / KEPT / path.name)
+                    self._kept[p.id] = size
+                    self._kept_bytes += size
+            return s
+        finally:
+            path.unlink(missing_ok=True)  # gone already when kept
+            with self._lock:
+                self._in_flight -= size
+
+    def _alive(self) -> bool:
+        return self.server is None or self.server.alive()
+
+    def _restart(self, generation: int, err: Exception) -> None:
+        """Start the server again, once for all the threads whose attempt (begun in ``generation``) failed
+        with it; re-raise ``err`` when the server is up and was not restarted since (a failure of its own).
+        On the keeper thread: the kernel's parent-death signal follows the thread that started it."""
+        from eaglebox.engine.server import exit_cause
+
+        with self._restart_lock:
+            if generation != self._generation:
+                return  # another thread restarted it meanwhile: try again
+            if self.server.alive():
+                raise err
+            proc = self.server.proc
+            code = f"exit code {proc.returncode}; " if proc is not None and proc.returncode is not None else ""
+            cause = f"{code}its log's last error: {exit_cause(self.server.log_path, [self.spool])}"
+            if self._restarted >= self.restarts:
+                raise ExtractError(f"the capture server exited and train.online.restarts={self.restarts} restarts "
+                                   f"are used up; cause: {cause} (log: {self.server.log_path})") from err
+            self._restarted += 1
+            self.stats["server_restarts"] = self._restarted
+            self.log(f"train: the capture server exited ({cause}); restarting it "
+                     f"({self._restarted} of {self.restarts})")
+            self.keeper.submit(self._relaunch).result()
+            self._generation += 1
+
+    def _relaunch(self) -> None:
+        self.server.stop()
+        drop_partial_files(self.spool)  # a writer killed mid-file
+        self.server.start()
+
+
+@contextmanager
+def online_samples(cfg, spec: CaptureSpec, log=print) -> Iterator[OnlineSamples]:
+    """The samples of ``cfg``'s extract section, captured on demand for ``cfg.train`` (its
+    ``data: online | hybrid`` and ``online`` section); starts (and finally stops) the capture server
+    unless ``train.online.url`` names one."""
+    from eaglebox.extract.run import capture_server, planned_samples, prepare
+    from eaglebox.target.tokenizer import load_tokenizer
+
+    e, t, o = cfg.extract, cfg.train, cfg.train.online
+    if e.dataset is None:
+        raise ExtractError("extract.dataset: required for train.data online or hybrid (the samples are extract's)")
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ExtractError(f"train.data: {t.data} runs on one rank (several ranks sharing capture servers "
+                           "is not built yet); use train.data: offline under torchrun")
+    spool = Path(o.spool_dir or Path(t.output_dir) / "spool")
+    reserve = in_flight_reserve(e.max_length, spec, t.loader_threads + 1)
+    if o.budget_bytes is not None and reserve > o.budget_bytes:
+        raise ExtractError(f"train.online.budget_bytes={o.budget_bytes:,} cannot hold the samples in flight: "
+                           f"{t.loader_threads + 1} (train.loader_threads + 1) of up to {e.max_length} tokens "
+                           f"(extract.max_length) are {reserve:,} bytes")
+    tokenizer = load_tokenizer(cfg.model)
+    plan = prepare(e, spec, tokenizer, log, store=False)
+    bound = feature_bound(cfg.model.path)
+    clean_spool(spool, keep=t.data == "hybrid")
+    server = None if o.url else capture_server(cfg, spec, Path(t.output_dir) / "capture-server.log", capture_dir=spool)
+    keeper = ThreadPoolExecutor(1, thread_name_prefix="eaglebox-capture-server")
+    try:
+        if server is not None:
+            log(f"train: starting the capture server (SGLang {spec.engine_version}, layer ids "
+                f"{list(spec.layers.layer_ids)}); spool {spool}, log {server.log_path}")
+            keeper.submit(server.start).result()
+        url = o.url or server.url
+        alive = server.alive if server is not None else (lambda: True)
+        planned = planned_samples(e, url, spec, tokenizer, plan, alive=alive, log=log)
+        client = Client(url, e.max_retries, e.retry_backoff_s, alive)
+        samples = OnlineSamples(planned, spec, client, spool, bound,
+                                budget=o.budget_bytes if t.data == "hybrid" else None, reserve=reserve,
+                                server=server, keeper=keeper, restarts=o.restarts, log=log)
+        log(f"train: {t.data}: {len(samples)} samples captured as the loader needs them"
+            + (f"; up to {o.budget_bytes:,} bytes kept in {spool / KEPT} ({samples.report()['kept_samples']} there now)"
+               if t.data == "hybrid" else ""))
+        yield samples
+    finally:
+        if server is not None:
+            keeper.submit(server.stop).result()
+        keeper.shutdown()
+        clean_spool(spool, keep=t.data == "hybrid")
