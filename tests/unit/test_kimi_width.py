@@ -5,6 +5,7 @@ equal the shallow one's)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,3 +63,42 @@ def test_padded_logits_equal_shallow(tmp_path):
     state["model.layers.2.self_attn.o_proj.weight"] = torch.full_like(state["model.layers.2.self_attn.o_proj.weight"], 0.05)
     save_file(state, f, metadata={"format": "pt"})
     assert logits_diff(shallow, target, dtype=torch.float32) > 0
+
+
+def _kimi_check():
+    import importlib.util
+    import sys
+
+    checks = Path(__file__).resolve().parents[2] / "tools" / "h200" / "checks"
+    path = list(sys.path)
+    sys.path.insert(0, str(checks))  # kimi.py imports served.py from beside it
+    try:
+        spec = importlib.util.spec_from_file_location("kimi_check", checks / "kimi.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path[:] = path  # the checks' common.py and capture.py would shadow other modules
+    return mod
+
+
+@pytest.mark.parametrize(("config", "layers", "widths"), [("h200-kimi.yaml", 10, KIMI), ("kimi-smoke-cpu.yaml", 8, SMOKE)])
+def test_check_configs_capture_the_trained_layers_and_build_both_forms(tmp_path, config, layers, widths):
+    """Each check config, on the target the maker writes: the captured inputs are those right after the
+    trained layers, and both draft forms the check trains pass the draft-shape and RoPE checks."""
+    from eaglebox.config import load_config
+    from eaglebox.draft.spec import draft_spec
+    from eaglebox.target.layers import sglang_layer_ids
+
+    (tmp_path / "config.json").write_text(json.dumps(target_config(8192, SPECIAL, layers, widths)))
+    root = Path(__file__).resolve().parents[2]
+    kimi = _kimi_check()
+    shapes = {}
+    for form, overrides in kimi.FORMS.items():
+        cfg = load_config(root / "configs" / config, [f"model.path={tmp_path}", *overrides])
+        assert sglang_layer_ids(cfg) == [i + 1 for i in placement(layers)[1:]]
+        s = draft_spec(cfg.model.path, cfg.train.draft, 3)
+        shapes[form] = (s.architecture, s.num_attention_heads, s.num_key_value_heads, s.head_dim, s.kv_lora_rank)
+    H, heads = widths["hidden_size"], widths["num_attention_heads"]
+    assert shapes == {"llama": ("llama", heads, heads, H // heads, None),
+                      "deepseek_mla": ("deepseek_mla", heads, heads,
+                                       widths["qk_nope_head_dim"] + widths["qk_rope_head_dim"], widths["kv_lora_rank"])}

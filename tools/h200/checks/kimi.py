@@ -266,8 +266,10 @@ def work() -> None:
             stage_probe()
         stage_target()
         cfg = cfg_now()
-        stage("extract", Path(cfg.extract.output_dir) / "manifest.json", *A.extract_overrides,
-              fit_samples(cfg_now(*A.extract_overrides)), log_name="extract")
+        manifest = Path(cfg.extract.output_dir) / "manifest.json"
+        if not manifest.exists():
+            stage("extract", manifest, *A.extract_overrides, fit_samples(cfg_now(*A.extract_overrides)),
+                  log_name="extract")
         parity = start_parity()
         for form in FORMS:
             stage("train", WORK / f"train-{form}" / "draft" / "config.json", *form_overrides(form), *A.train_overrides,
@@ -362,15 +364,16 @@ def main() -> None:
                     help="config overrides for extraction alone (e.g. a larger KV pool: it runs alone on the GPU)")
     ap.add_argument("--train-override", dest="train_overrides", action="append", default=[],
                     help="config overrides for both trainings (e.g. fewer steps where less device time is left)")
-    ap.add_argument("--no-probe", dest="probe", action="store_false")
+    ap.add_argument("--probe", action=argparse.BooleanOptionalAction, default=None,
+                    help="the probe stage (default: on a GPU, not with --smoke)")
     ap.add_argument("--no-bench", dest="bench", action="store_false")
     ap.add_argument("--smoke", action="store_true",
-                    help="on the CPU at the smoke width, no probe (pass a CPU --config): the flow, not the figures")
+                    help="on the CPU at the smoke width (pass a CPU --config): the flow, not the figures")
     ap.add_argument("--work", type=Path, default=WORK)
     A = ap.parse_args()
     CONFIG, WORK = A.config.resolve(), A.work
     A.device, A.widths = ("cpu", SMOKE) if A.smoke else ("cuda", KIMI)
-    A.probe = A.probe and not A.smoke
+    A.probe = not A.smoke if A.probe is None else A.probe
     if A.worker:
         work()
     else:
