@@ -110,6 +110,9 @@ def make_shallow(path: Path, tokenizer_dir: Path, convs: list, recipe: dict, wid
     special = {"bos": tok.bos_token_id, "eos": tok.eos_token_id, "pad": tok.pad_token_id}
     config = target_config(len(tok), special, 4, widths)
     model = build(config, recipe["seed"], device)
+    # transformers' grouped experts are not autocast ops: they run in the fp32 master weights' dtype, so the
+    # experts' matmuls (most of a step's work) take TF32 instead of plain fp32 on the GPU
+    torch.set_float32_matmul_precision("high")
     loss = train_lm(model, ids, recipe, starts=starts, device=device, log=log)
     save(model, config, path, sorted(p for p in Path(tokenizer_dir).iterdir() if p.is_file()))
     return {**recipe, "conversations": len(convs), "tokens": len(ids), "final_loss": round(loss, 4)}
