@@ -112,7 +112,8 @@ def make_shallow(path: Path, tokenizer_dir: Path, convs: list, recipe: dict, wid
     model = build(config, recipe["seed"], device)
     # transformers' grouped experts are not autocast ops: they run in the fp32 master weights' dtype, so the
     # experts' matmuls (most of a step's work) take TF32 instead of plain fp32 on the GPU
-    torch.set_float32_matmul_precision("high")
+    if device != "cpu":
+        torch.set_float32_matmul_precision("high")
     loss = train_lm(model, ids, recipe, starts=starts, device=device, log=log)
     save(model, config, path, sorted(p for p in Path(tokenizer_dir).iterdir() if p.is_file()))
     return {**recipe, "conversations": len(convs), "tokens": len(ids), "final_loss": round(loss, 4)}
