@@ -189,14 +189,30 @@ def stage(verb: str, done: Path, *overrides: str, log_name: str) -> None:
         raise RuntimeError(f"eaglebox {verb} failed; see logs/{log_name}.log")
 
 
+def training_bytes(cfg) -> int:
+    """Disk the trainings and benches hold beside the shards: one form's last checkpoint at a time (fp32
+    weights and Adam's two moments, 16 B a parameter; removed once its training ends) and every form's
+    bf16 drafts (draft, draft-best, draft-last and the bench's control). Parameters of the larger form,
+    the Llama one: fc, attention, MLP, embedding and lm_head."""
+    H, inter, vocab = A.widths["hidden_size"], A.widths["intermediate_size"], cfg.train.draft.draft_vocab_size
+    params = 3 * H * H + 4 * H * H + 3 * H * inter + 2 * H * vocab
+    return params * (16 + len(FORMS) * 4 * 2)
+
+
 def fit_samples(cfg, tokens_a_sample: int = 450, keep_free: float = 0.1) -> str:
-    """``extract.max_samples``, lowered to what the free disk holds (4 x hidden bf16 a token; ~150 prompt
-    and up to the regenerated answer's tokens a sample), keeping ``keep_free`` of it free."""
+    """``extract.max_samples``, lowered to what the free disk holds after :func:`training_bytes` (4 x hidden
+    bf16 a token; ~150 prompt and up to the regenerated answer's tokens a sample), keeping ``keep_free``
+    of it free."""
     free = shutil.disk_usage(Path(cfg.extract.output_dir).parent).free
-    fits = int(free * (1 - keep_free) / (tokens_a_sample * (4 * A.widths["hidden_size"] * 2 + 9)))
+    reserve = training_bytes(cfg)
+    fits = max(0, int((free - reserve) * (1 - keep_free) / (tokens_a_sample * (4 * A.widths["hidden_size"] * 2 + 9))))
     n = min(cfg.extract.max_samples, fits)
-    RESULT["disk"] = {"free_gb": round(free / 1e9, 1), "samples_fit": fits, "max_samples": n}
-    log(f"extract: {free / 1e9:.1f} GB free: {fits} samples fit, extracting {n}")
+    RESULT["disk"] = {"free_gb": round(free / 1e9, 1), "training_gb": round(reserve / 1e9, 1), "samples_fit": fits,
+                      "max_samples": n}
+    log(f"extract: {free / 1e9:.1f} GB free, {reserve / 1e9:.1f} GB kept for training: {fits} samples fit, "
+        f"extracting {n}")
+    if n < 1:
+        raise RuntimeError("no disk left for the shards; see kimi.json's disk")
     return f"extract.max_samples={n}"
 
 
@@ -274,6 +290,7 @@ def work() -> None:
         for form in FORMS:
             stage("train", WORK / f"train-{form}" / "draft" / "config.json", *form_overrides(form), *A.train_overrides,
                   log_name=f"train-{form}")
+            shutil.rmtree(WORK / f"train-{form}" / "checkpoints", ignore_errors=True)  # the next form's disk
             offline_al(form)
         finish_parity(parity)
         parity = None
