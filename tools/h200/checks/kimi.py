@@ -297,7 +297,7 @@ def work() -> None:
         if A.bench:
             over = bench_overrides() if A.device == "cuda" else []
             for form in FORMS:
-                stage("bench", WORK / f"bench-{form}" / "bench.png", *form_overrides(form), *over,
+                stage("bench", WORK / f"bench-{form}" / "bench.png", *form_overrides(form), *over, *A.bench_overrides,
                       log_name=f"bench-{form}")
                 served_summary(form)
         RESULT["done"] = True
@@ -381,6 +381,8 @@ def main() -> None:
                     help="config overrides for extraction alone (e.g. a larger KV pool: it runs alone on the GPU)")
     ap.add_argument("--train-override", dest="train_overrides", action="append", default=[],
                     help="config overrides for both trainings (e.g. fewer steps where less device time is left)")
+    ap.add_argument("--bench-override", dest="bench_overrides", action="append", default=[],
+                    help="config overrides for both benches (e.g. bench.rounds=2 where less device time is left)")
     ap.add_argument("--probe", action=argparse.BooleanOptionalAction, default=None,
                     help="the probe stage (default: on a GPU, not with --smoke)")
     ap.add_argument("--no-bench", dest="bench", action="store_false")
