@@ -111,3 +111,47 @@ def test_tree_fallback_is_sglang_triton_and_matches_reference():
     assert json.loads(r.stdout.strip().splitlines()[-1]) == [True] * 6
     assert "JIT tree kernels did not build (RuntimeError: nvcc: not found)" in r.stderr
     assert "EAGLE tree kernels: SGLang Triton" in r.stderr
+
+
+MOE = r"""
+import importlib.util, json, sys, torch
+spec = importlib.util.spec_from_file_location("h200_sgl_kernel", sys.argv[1])
+k = importlib.util.module_from_spec(spec); spec.loader.exec_module(k)
+from sglang.kernels.ops.moe.moe_align_small_numel import moe_align_small_numel
+
+torch.manual_seed(0)
+out = {}
+for tokens, topk, experts, block in ((1, 8, 16, 16), (5, 8, 16, 16), (7, 2, 8, 4), (3, 4, 64, 16)):
+    ids = torch.stack([torch.randperm(experts)[:topk] for _ in range(tokens)]).int()
+    ids[0, -1] = -1  # an expert filtered out (EP): bucket 0, expert id -1
+    numel = ids.numel()
+    cap = ((numel + (experts + 2) * (block - 1)) + 3) // 4 * 4
+    blocks = (cap + block - 1) // block
+    got = [torch.full((cap,), -7, dtype=torch.int32), torch.full((blocks,), -7, dtype=torch.int32),
+           torch.zeros(1, dtype=torch.int32)]
+    k.moe_align_block_size(ids, experts + 1, block, *got, torch.zeros(experts + 3, dtype=torch.int32), True)
+    want = [torch.full((cap,), -7, dtype=torch.int32), torch.full((blocks,), -7, dtype=torch.int32),
+            torch.zeros(1, dtype=torch.int32)]
+    moe_align_small_numel(ids, experts + 1, block, *want)
+    total = int(want[2])
+    out[f"{tokens}x{topk}of{experts}"] = (int(got[2]) == total and torch.equal(got[0][:total], want[0][:total])
+                                         and torch.equal(got[1][: total // block], want[1][: total // block]))
+x = torch.randn(6, 8, 96, dtype=torch.bfloat16)
+o = torch.empty(6, 96, dtype=torch.bfloat16)
+k.moe_sum_reduce(x, o, 2.827)
+out["moe_sum_reduce"] = bool(torch.allclose(o.float(), x.float().sum(1) * 2.827, rtol=1e-2, atol=1e-2))
+print(json.dumps(out))
+"""
+
+
+def test_stand_in_moe_align_matches_sglang_triton(tmp_path):
+    """The two MoE names a DeepSeek-V3 layer calls on CUDA, against SGLang's own Triton statement of the
+    align contract (run by Triton's interpreter)."""
+    names = tmp_path / "names.json"
+    names.write_text(json.dumps({"sgl_kernel": ["moe_align_block_size", "moe_sum_reduce"]}))
+    env = {**os.environ, "EAGLEBOX_SGLK_NAMES": str(names), "TRITON_INTERPRET": "1"}
+    r = subprocess.run([sys.executable, "-c", MOE, str(H200 / "sgl_kernel" / "__init__.py")], env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert len(got) == 5 and all(got.values()), got
