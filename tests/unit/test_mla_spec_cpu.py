@@ -115,6 +115,36 @@ def test_default_rope_builds_on_cpu_as_on_other_devices():
     assert r["yarn_cls"] == "DeepseekScalingRotaryEmbedding", r
 
 
+YARN_AFTER_SGLANG = r"""
+import sys, torch
+import sglang.srt.utils.common as c
+assert not c.is_cpu()  # asked before SGLANG_USE_CPU_ENGINE is set (and cached), as the trainer's config check does
+from eaglebox.draft.export import export_draft
+from eaglebox.draft.sglang_class import SGLangDraft
+from eaglebox.draft.spec import DraftSpec
+from eaglebox.train.checkpoint import trainable_state
+from eaglebox.train.model import Eagle3Draft
+yarn = {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 64.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096, "type": "yarn"}
+s = DraftSpec(hidden_size=64, target_hidden_size=64, num_aux=3, num_attention_heads=4, num_key_value_heads=2,
+              head_dim=16, intermediate_size=96, vocab_size=128, draft_vocab_size=64, rms_norm_eps=1e-5,
+              rope_theta=50000.0, rope_scaling=yarn, max_position_embeddings=4096)
+d = export_draft(sys.argv[1], s, trainable_state(Eagle3Draft(s)), {"layer_ids": [1, 2, 3]}, torch.float32)
+print(*{type(m).__name__ for m in SGLangDraft(d).model.modules() if "Rotary" in type(m).__name__})
+"""
+
+
+def test_llama_draft_with_a_yarn_rope_loads_on_cpu_after_sglang_was_imported_without_the_cpu_engine(tmp_path):
+    """The trainer's in-process held-out evaluation on the CPU: SGLang's ``is_cpu()`` is cached False by an
+    earlier import (the config's backend check), and the Llama-form draft of a Kimi target copies its yarn
+    RoPE, whose CUDA path imports vllm (found running the Kimi check's CPU smoke)."""
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_USE_CPU_ENGINE"}
+    out = subprocess.run([sys.executable, "-c", YARN_AFTER_SGLANG, str(tmp_path / "d")], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "YaRNScalingRotaryEmbedding"
+
+
 EMBED = r"""
 import json, sys, torch
 from eaglebox.draft.export import export_draft

@@ -36,6 +36,11 @@ def _init_sglang_runtime(cpu: bool) -> None:
         return
     if cpu:
         os.environ.setdefault("SGLANG_USE_CPU_ENGINE", "1")
+        from sglang.srt.utils.common import is_cpu
+
+        # cached: an earlier SGLang import in this process (the config's backend check) asked before the
+        # variable was set, and a module imported now (the yarn RoPE's) would take the CUDA path and need vllm
+        is_cpu.cache_clear()
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
         os.environ.setdefault(key, value)
     from sglang.srt.distributed import parallel_state

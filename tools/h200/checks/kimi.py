@@ -169,12 +169,8 @@ def eaglebox(verb: str, *overrides: str, log_name: str) -> int:
     cmd = [sys.executable, "-m", "eaglebox.cli", verb, "--config", str(CONFIG), *overrides]
     log("run: eaglebox " + " ".join(cmd[3:]))
     t0 = time.monotonic()
-    # on the CPU the trainer's in-process evaluation builds SGLang's Llama draft class, whose yarn RoPE
-    # (the target's, copied) imports vllm's kernel unless SGLang knows it runs on the CPU; the isolated
-    # evaluation child of multi-rank runs sets the same
-    env = {**os.environ, **({"SGLANG_USE_CPU_ENGINE": "1"} if A.device == "cpu" and verb == "train" else {})}
     with open(WORK / "logs" / f"{log_name}.log", "ab") as logf:
-        rc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=logf, stderr=subprocess.STDOUT).returncode
+        rc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT).returncode
     RESULT.setdefault("stages", []).append({"verb": verb, "name": log_name, "overrides": list(overrides), "rc": rc,
                                             "s": round(time.monotonic() - t0, 1)})
     log(f"{log_name}: exit {rc} in {time.monotonic() - t0:.0f} s")
