@@ -24,9 +24,10 @@ def collect(client: Client, prompts: list[list[int]], max_new_tokens: int, stagi
     """[(seq, aux features, prompt_len)] with seq = prompt + the target's greedy continuation.
 
     ``concurrency`` requests at a time, as the capture sends them: the server decodes the continuations
-    as one batch instead of one prompt after another (on a CPU, where a decode step costs about the same
-    for 1 request as for 8, that was most of the gate's evaluation). The continuations first, then the
-    features of each distinct sequence (a prompt given twice is captured once: its file would be shared).
+    as one batch instead of one prompt after another (the Kimi-shaped tiny target's decode step on a CPU
+    costs about as much for 8 requests as for 1: its evaluation went from 119 s to 39 s, docs/testing.md).
+    The continuations first, then the features of each distinct sequence (a prompt given twice is captured
+    once: its file would be shared).
     """
     with ThreadPoolExecutor(concurrency) as pool:
         seqs = [p + out for p, out in zip(prompts, pool.map(lambda p: greedy(client, p, max_new_tokens), prompts))]
