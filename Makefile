@@ -65,6 +65,10 @@ SETUP_PHASES := venv wheels docker-base gpu-wheels
 # Two lanes (pytest-xdist): groups of tests that share an expensive fixture stay on one worker, heaviest
 # first (tests/conftest.py). LANES= runs the suite in one process.
 LANES ?= -n 2 --dist loadgroup --no-loadscope-reorder
+# torch's threads a lane: the cores shared out between the two lanes. With torch's default (every core in
+# each lane's processes) the lanes' OpenMP threads spin against each other: a 128-sample tiny capture beside
+# one busy core took 305 s with 2 threads and 56 s with 1 (benchmarks/results/suite-speed-cpu-2026-12-07-s21.txt)
+LANE_THREADS ?= $(shell n=$$(( $$(nproc) / 2 )); echo $$(( n > 0 ? n : 1 )))
 test:
 	@mkdir -p .cache; start=$$(date +%s); pids=; for phase in $(SETUP_PHASES); do \
 	  ( s=$$(date +%s); $(MAKE) --no-print-directory $$phase > .cache/setup-$$phase.log 2>&1; rc=$$?; \
@@ -75,7 +79,7 @@ test:
 	  for phase in tiny docker-engine; do s=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
 	    echo "make test: set-up phase $$phase took $$(( $$(date +%s) - s )) s"; done; \
 	  echo "make test: set-up took $$(( $$(date +%s) - start )) s in all"
-	$(BIN)/python -m pytest -v --durations=40 --durations-min=1 $(LANES) $(ARGS)
+	OMP_NUM_THREADS=$(LANE_THREADS) $(BIN)/python -m pytest -v --durations=40 --durations-min=1 $(LANES) $(ARGS)
 
 test-fast: venv
 	$(BIN)/python -m pytest -v -m "not sglang and not docker and not closure" $(ARGS)
