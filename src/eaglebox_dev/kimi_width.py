@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+from eaglebox_dev.checkpoint_files import read_state, write_shards
 from eaglebox_dev.tiny_mla import RECIPE as TINY_MLA
 
 KIMI = {"hidden_size": 7168, "num_attention_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512,
@@ -119,12 +120,6 @@ def make_shallow(path: Path, tokenizer_dir: Path, convs: list, recipe: dict, wid
     return {**recipe, "conversations": len(convs), "tokens": len(ids), "final_loss": round(loss, 4)}
 
 
-def read_state(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f).items()}
-
-
 def pass_through(name: str, like: torch.Tensor, std: float, gen: torch.Generator) -> torch.Tensor:
     """A pass-through layer's tensor ``name`` (the key after ``model.layers.N.``): zero where the layer
     writes to the residual (attention ``o_proj``, every ``down_proj``), norms 1, the routing bias 0,
@@ -141,8 +136,6 @@ def pad_target(shallow: Path, out: Path, layers: int, seed: int = 0, device: str
     """``shallow``'s 4 layers at :func:`placement` of a ``layers``-layer copy; every other layer is
     pass-through (:func:`pass_through`), shaped like the trained dense layer before
     ``first_k_dense_replace`` and like a trained MoE layer after it."""
-    from safetensors.torch import save_file
-
     src = read_state(shallow)
     cfg = json.loads((shallow / "config.json").read_text())
     at = placement(layers)
@@ -153,39 +146,22 @@ def pad_target(shallow: Path, out: Path, layers: int, seed: int = 0, device: str
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     gen = torch.Generator(device=device).manual_seed(seed)
-    shards, weight_map, shard = [], {}, {}
-
-    def flush():
-        if shard:
-            name = f"model-{len(shards) + 1:05d}.safetensors"
-            save_file(shard, tmp / name, metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, name))
-            shards.append(name)
-            shard.clear()
-
-    def put(key, t):
-        shard[key] = t.contiguous()
-        if sum(v.numel() * v.element_size() for v in shard.values()) > shard_bytes:
-            flush()
 
     def layer(i: int) -> dict[str, torch.Tensor]:
         p = f"model.layers.{i}."
         return {k[len(p):]: v for k, v in src.items() if k.startswith(p)}
 
-    for k, v in src.items():
-        if not k.startswith("model.layers."):
-            put(k, v)
-    for i in range(layers):
-        if i in at:
-            for name, t in layer(at.index(i)).items():
-                put(f"model.layers.{i}.{name}", t)
-            continue
-        template = layer(0 if i < cfg["first_k_dense_replace"] else 1)
-        for name, like in template.items():
-            put(f"model.layers.{i}.{name}", pass_through(name, like, std, gen))
-    flush()
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": sum((tmp / s).stat().st_size for s in shards)}, "weight_map": weight_map}, indent=1))
+    def tensors():
+        yield from ((k, v) for k, v in src.items() if not k.startswith("model.layers."))
+        for i in range(layers):
+            if i in at:
+                yield from ((f"model.layers.{i}.{name}", t) for name, t in layer(at.index(i)).items())
+                continue
+            template = layer(0 if i < cfg["first_k_dense_replace"] else 1)
+            for name, like in template.items():
+                yield f"model.layers.{i}.{name}", pass_through(name, like, std, gen)
+
+    write_shards(tmp, tensors(), shard_bytes)
     cfg["num_hidden_layers"] = layers
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1) + "\n")
     for f in shallow.iterdir():

@@ -1,5 +1,6 @@
 """Shared by the H200 checks: random-weight Llama targets, eaglebox configs for them, capture through
-eaglebox's own client and server launch, and a bf16 transformers forward on the same GPU as reference."""
+eaglebox's own client and server launch, a bf16 transformers forward on the same GPU as reference, and the
+worker that outlives a device call (served, kimi, int4)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,10 @@ import json
 import os
 import random
 import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -134,3 +139,62 @@ def load_reference(path: Path):
 
 def write_result(name: str, result: dict) -> None:
     (OUT / f"{name}.json").write_text(json.dumps(result, indent=1))
+
+
+# ---------------------------------------------------------------- a worker that outlives a device call
+
+def log_line(path: Path, msg: str, start: float) -> None:
+    """``msg`` printed and appended to ``path``, stamped with the clock and the seconds since ``start``."""
+    line = f"[{time.strftime('%H:%M:%S')} +{time.monotonic() - start:.0f}s] {msg}"
+    print(line, flush=True)
+    with open(path, "a") as f:
+        f.write(line + "\n")
+
+
+def save_json(path: Path, result: dict) -> None:
+    """``result`` written whole or not at all: a call can be taken back while the worker writes."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def worker_pid(work: Path) -> int | None:
+    """The worker's pid while it runs (not once it is a zombie), else None."""
+    try:
+        pid = int((work / "worker.pid").read_text())
+        os.kill(pid, 0)
+        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0]
+        return None if state == "Z" else pid
+    except (OSError, ValueError):
+        return None
+
+
+def follow(script: str, work: Path, name: str, follow_s: float, collect: Callable[[], None], start: float) -> None:
+    """A device call is at most 10 minutes and the machine goes back 30 s after one: start ``script
+    --worker`` (this call's arguments less ``--follow-s``) in its own session unless one runs or the last one
+    finished (``name``.json says done), then ``collect`` its results into $OUT every 10 s until it ends or
+    ``follow_s`` seconds since ``start`` pass, and print the tail of ``name``.log."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    argv = sys.argv[1:]
+    if "--follow-s" in argv:
+        i = argv.index("--follow-s")
+        argv = argv[:i] + argv[i + 2:]
+    pid = worker_pid(work)
+    result = work / f"{name}.json"
+    done = result.exists() and json.loads(result.read_text()).get("done")
+    if pid is None and not done:
+        with open(work / "worker.log", "ab") as f:
+            pid = subprocess.Popen([sys.executable, script, "--worker", *argv], stdout=f, stderr=subprocess.STDOUT,
+                                   start_new_session=True, cwd=Path(script).resolve().parents[3]).pid
+        (work / "worker.pid").write_text(str(pid))
+        print(f"follow: started worker {pid}", flush=True)
+    else:
+        print(f"follow: worker {pid} running" if pid else "follow: the worker finished earlier", flush=True)
+    while pid is not None and worker_pid(work) == pid and time.monotonic() - start < follow_s:
+        time.sleep(10)
+        collect()
+    collect()
+    log = work / f"{name}.log"
+    print(log.read_text()[-6000:] if log.exists() else "(no log yet)", flush=True)
+    print("follow: worker " + ("still running" if worker_pid(work) else "ended"), flush=True)

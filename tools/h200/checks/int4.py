@@ -52,6 +52,9 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import follow, log_line, save_json  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
 CARRY = ROOT / ".cache" / "h200" / "carry" / "tiny-mla"  # train.jsonl.xz, heldout.jsonl (docs/train-as-you-infer.md)
@@ -67,16 +70,11 @@ RESULT: dict = {}
 
 
 def log(msg: str) -> None:
-    line = f"[{time.strftime('%H:%M:%S')} +{time.monotonic() - START:.0f}s] {msg}"
-    print(line, flush=True)
-    with open(WORK / "int4.log", "a") as f:
-        f.write(line + "\n")
+    log_line(WORK / "int4.log", msg, START)
 
 
 def save() -> None:
-    tmp = WORK / "int4.json.tmp"
-    tmp.write_text(json.dumps(RESULT, indent=1) + "\n")
-    tmp.replace(WORK / "int4.json")
+    save_json(WORK / "int4.json", RESULT)
 
 
 def cfg_now(*overrides: str):
@@ -464,34 +462,6 @@ def collect() -> None:
     (OUT / "logs.tar.gz.tmp").replace(OUT / "logs.tar.gz")
 
 
-def worker_pid() -> int | None:
-    try:
-        pid = int((WORK / "worker.pid").read_text())
-        os.kill(pid, 0)
-        return None if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0] == "Z" else pid
-    except (OSError, ValueError):
-        return None
-
-
-def follow(a, argv: list[str]) -> None:
-    OUT.mkdir(parents=True, exist_ok=True)
-    (WORK / "logs").mkdir(parents=True, exist_ok=True)
-    pid = worker_pid()
-    done = (WORK / "int4.json").exists() and json.loads((WORK / "int4.json").read_text()).get("done")
-    if pid is None and not done:
-        with open(WORK / "worker.log", "ab") as f:
-            pid = subprocess.Popen([sys.executable, __file__, "--worker", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                   start_new_session=True, cwd=ROOT).pid
-        (WORK / "worker.pid").write_text(str(pid))
-        print(f"follow: started worker {pid}", flush=True)
-    while pid is not None and worker_pid() == pid and time.monotonic() - START < a.follow_s:
-        time.sleep(10)
-        collect()
-    collect()
-    print((WORK / "int4.log").read_text()[-6000:] if (WORK / "int4.log").exists() else "(no log yet)", flush=True)
-    print("follow: worker " + ("still running" if worker_pid() else "ended"), flush=True)
-
-
 def main() -> None:
     global CONFIG, WORK, DEVICE, OTHER_ENGINE_MODEL, SERVED_PAIR
     ap = argparse.ArgumentParser()
@@ -517,11 +487,7 @@ def main() -> None:
     if a.worker:
         work(a)
     else:
-        argv = sys.argv[1:]
-        if "--follow-s" in argv:
-            i = argv.index("--follow-s")
-            argv = argv[:i] + argv[i + 2:]
-        follow(a, argv)
+        follow(__file__, WORK, "int4", a.follow_s, collect, START)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import follow, log_line, save_json  # noqa: E402
 from served import bench_overrides, decode_ms  # noqa: E402
 
 from eaglebox_dev.kimi_width import KIMI, SMOKE, logits_diff, make_shallow, pad_target  # noqa: E402
@@ -59,16 +60,11 @@ A: argparse.Namespace  # the parsed arguments, set by main
 
 
 def log(msg: str) -> None:
-    line = f"[{time.strftime('%H:%M:%S')} +{time.monotonic() - START:.0f}s] {msg}"
-    print(line, flush=True)
-    with open(WORK / "kimi.log", "a") as f:
-        f.write(line + "\n")
+    log_line(WORK / "kimi.log", msg, START)
 
 
 def save() -> None:
-    tmp = WORK / "kimi.json.tmp"
-    tmp.write_text(json.dumps(RESULT, indent=1) + "\n")
-    tmp.replace(WORK / "kimi.json")
+    save_json(WORK / "kimi.json", RESULT)
 
 
 def cfg_now(*overrides: str):
@@ -329,40 +325,6 @@ def collect() -> None:
     (OUT / "logs.tar.gz.tmp").replace(OUT / "logs.tar.gz")
 
 
-def worker_pid() -> int | None:
-    try:
-        pid = int((WORK / "worker.pid").read_text())
-        os.kill(pid, 0)
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0]
-        return None if state == "Z" else pid
-    except (OSError, ValueError):
-        return None
-
-
-def follow(argv: list[str]) -> None:
-    """Start the worker in its own session unless one runs (or the last one finished), then copy its
-    results to $OUT until it ends or ``--follow-s`` seconds pass."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    (WORK / "logs").mkdir(parents=True, exist_ok=True)
-    pid = worker_pid()
-    done = (WORK / "kimi.json").exists() and json.loads((WORK / "kimi.json").read_text()).get("done")
-    if pid is None and not done:
-        with open(WORK / "worker.log", "ab") as f:
-            proc = subprocess.Popen([sys.executable, __file__, "--worker", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=ROOT)
-        (WORK / "worker.pid").write_text(str(proc.pid))
-        pid = proc.pid
-        print(f"follow: started worker {pid}", flush=True)
-    else:
-        print(f"follow: worker {pid} running" if pid else "follow: the worker finished earlier", flush=True)
-    while pid is not None and worker_pid() == pid and time.monotonic() - START < A.follow_s:
-        time.sleep(10)
-        collect()
-    collect()
-    print((WORK / "kimi.log").read_text()[-6000:] if (WORK / "kimi.log").exists() else "(no log yet)", flush=True)
-    print("follow: worker " + ("still running" if worker_pid() else "ended"), flush=True)
-
-
 def main() -> None:
     global CONFIG, WORK, A
     ap = argparse.ArgumentParser()
@@ -392,11 +354,7 @@ def main() -> None:
     if A.worker:
         work()
     else:
-        argv = sys.argv[1:]
-        if "--follow-s" in argv:
-            i = argv.index("--follow-s")
-            argv = argv[:i] + argv[i + 2:]
-        follow(argv)
+        follow(__file__, WORK, "kimi", A.follow_s, collect, START)
 
 
 if __name__ == "__main__":

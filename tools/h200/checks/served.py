@@ -39,7 +39,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import save_target  # noqa: E402
+from common import follow, log_line, save_json, save_target  # noqa: E402
+
+from eaglebox_dev.checkpoint_files import read_state, write_shards  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
@@ -57,16 +59,11 @@ RESULT: dict = {}
 
 
 def log(msg: str) -> None:
-    line = f"[{time.strftime('%H:%M:%S')} +{time.monotonic() - START:.0f}s] {msg}"
-    print(line, flush=True)
-    with open(WORK / "served.log", "a") as f:
-        f.write(line + "\n")
+    log_line(WORK / "served.log", msg, START)
 
 
 def save() -> None:
-    tmp = WORK / "served.json.tmp"
-    tmp.write_text(json.dumps(RESULT, indent=1) + "\n")
-    tmp.replace(WORK / "served.json")
+    save_json(WORK / "served.json", RESULT)
 
 
 def cfg_now(*overrides: str):
@@ -126,17 +123,9 @@ def layer_keys(i: int) -> dict[str, str]:
         "mlp.up_proj", "mlp.down_proj", "input_layernorm", "post_attention_layernorm")}
 
 
-def read_state(path: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    return {k: v for f in sorted(path.glob("*.safetensors")) for k, v in load_file(f).items()}
-
-
 def pad_target(shallow: Path, out: Path, layers: int = LAYERS, placement=PLACEMENT, seed: int = 0) -> Path:
     """``shallow``'s layers at ``placement`` of a ``layers``-layer copy; every other layer has random
     q/k/v/gate/up (initializer_range) and zero o_proj/down_proj, so it adds exactly 0 to the residual."""
-    from safetensors.torch import save_file
-
     src = read_state(shallow)
     cfg = json.loads((shallow / "config.json").read_text())
     if len(placement) != cfg["num_hidden_layers"]:
@@ -146,41 +135,25 @@ def pad_target(shallow: Path, out: Path, layers: int = LAYERS, placement=PLACEME
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    shards, weight_map, shard = [], {}, {}
 
-    def flush():
-        if shard:
-            name = f"model-{len(shards) + 1:05d}.safetensors"
-            save_file(shard, tmp / name, metadata={"format": "pt"})
-            weight_map.update(dict.fromkeys(shard, name))
-            shards.append(name)
-            shard.clear()
+    def tensors():
+        yield from ((k, src[k]) for k in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"))
+        for i in range(layers):
+            keys = layer_keys(i)
+            if i in placement:
+                yield from ((keys[name], src[k]) for name, k in layer_keys(placement.index(i)).items())
+                continue
+            for name, k in layer_keys(0).items():
+                like = src[k]
+                if name.endswith("layernorm"):
+                    t = torch.ones_like(like)
+                elif name in ("self_attn.o_proj", "mlp.down_proj"):
+                    t = torch.zeros_like(like)
+                else:
+                    t = (torch.randn(like.shape, generator=gen, device=DEVICE) * std).to(like.dtype).cpu()
+                yield keys[name], t
 
-    def put(key, t):
-        shard[key] = t.contiguous()
-        if sum(v.numel() * v.element_size() for v in shard.values()) > 4 << 30:
-            flush()
-
-    for k in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
-        put(k, src[k])
-    for i in range(layers):
-        keys = layer_keys(i)
-        if i in placement:
-            for name, k in layer_keys(placement.index(i)).items():
-                put(keys[name], src[k])
-            continue
-        for name, k in layer_keys(0).items():
-            like = src[k]
-            if name.endswith("layernorm"):
-                t = torch.ones_like(like)
-            elif name in ("self_attn.o_proj", "mlp.down_proj"):
-                t = torch.zeros_like(like)
-            else:
-                t = (torch.randn(like.shape, generator=gen, device=DEVICE) * std).to(like.dtype).cpu()
-            put(keys[name], t)
-    flush()
-    (tmp / "model.safetensors.index.json").write_text(json.dumps(
-        {"metadata": {"total_size": sum((tmp / s).stat().st_size for s in shards)}, "weight_map": weight_map}, indent=1))
+    write_shards(tmp, tensors())
     cfg["num_hidden_layers"] = layers
     (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
     for f in shallow.iterdir():
@@ -412,40 +385,6 @@ def collect() -> None:
     (OUT / "logs.tar.gz.tmp").replace(OUT / "logs.tar.gz")
 
 
-def worker_pid() -> int | None:
-    try:
-        pid = int((WORK / "worker.pid").read_text())
-        os.kill(pid, 0)
-        state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[-1].split()[0]
-        return None if state == "Z" else pid
-    except (OSError, ValueError):
-        return None
-
-
-def follow(a, argv: list[str]) -> None:
-    """Start the worker in its own session unless one runs (or the last one finished), then copy its
-    results to $OUT until it ends or ``--follow-s`` seconds pass."""
-    OUT.mkdir(parents=True, exist_ok=True)
-    (WORK / "logs").mkdir(parents=True, exist_ok=True)
-    pid = worker_pid()
-    done = (WORK / "served.json").exists() and json.loads((WORK / "served.json").read_text()).get("done")
-    if pid is None and not done:
-        with open(WORK / "worker.log", "ab") as f:
-            proc = subprocess.Popen([sys.executable, __file__, "--worker", *argv], stdout=f, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=ROOT)
-        (WORK / "worker.pid").write_text(str(proc.pid))
-        pid = proc.pid
-        print(f"follow: started worker {pid}", flush=True)
-    else:
-        print(f"follow: worker {pid} running" if pid else "follow: the worker finished earlier", flush=True)
-    while pid is not None and worker_pid() == pid and time.monotonic() - START < a.follow_s:
-        time.sleep(10)
-        collect()
-    collect()
-    print((WORK / "served.log").read_text()[-6000:] if (WORK / "served.log").exists() else "(no log yet)", flush=True)
-    print("follow: worker " + ("still running" if worker_pid() else "ended"), flush=True)
-
-
 def main() -> None:
     global CONFIG, WORK, DEVICE
     ap = argparse.ArgumentParser()
@@ -476,11 +415,7 @@ def main() -> None:
     if a.worker:
         work(a)
     else:
-        argv = sys.argv[1:]
-        if "--follow-s" in argv:
-            i = argv.index("--follow-s")
-            argv = argv[:i] + argv[i + 2:]
-        follow(a, argv)
+        follow(__file__, WORK, "served", a.follow_s, collect, START)
 
 
 if __name__ == "__main__":
