@@ -350,8 +350,9 @@ def work(a) -> None:
         stage_target(a)
         write_data()
         cfg = cfg_now()
-        stage("extract", Path(cfg.extract.output_dir) / "manifest.json", *a.extract_overrides,
-              fit_samples(cfg_now(*a.extract_overrides)))
+        manifest = Path(cfg.extract.output_dir) / "manifest.json"
+        if not manifest.exists():  # a resumed worker keeps the disk figures the extraction ran with
+            stage("extract", manifest, *a.extract_overrides, fit_samples(cfg_now(*a.extract_overrides)))
         stage("train", Path(cfg.serve.draft_path) / "config.json", *a.train_overrides)
         try:
             if DEVICE == "cuda":  # on the CPU, speculation runs Triton's interpreter: minutes a token at 32 layers
