@@ -2,12 +2,14 @@
 (the loader before ``OnlineSamples.get_many``) vs a batch's samples sent at once, up to
 ``extract.concurrency`` (today's), through one real SGLang capture server on the tiny CPU target.
 
-Two shapes, each side by side in one run, alternating which goes first per round:
+Two shapes, each side by side in one run after one unmeasured pass over the samples (the server's first
+prefills are slower):
 
 - ``one batch``: a single caller takes the batches in order (the loader's critical path: a step waits for
-  its own batch);
+  its own batch); serial and concurrent alternate batch by batch (which goes first too), so that a
+  neighbour's load on a shared machine falls on both alike;
 - ``loader``: the trainer's ``prefetch`` with ``train.loader_threads`` threads, one batch each, as the
-  training loop runs it.
+  training loop runs it; serial and concurrent alternate which goes first per round.
 
 The first round also checks that both give the same samples in the same order, byte for byte. Prints each
 round's samples/s and the worst round of each ratio (concurrent / serial).
@@ -65,24 +67,42 @@ def main() -> None:
         def concurrent(b):
             return s.get_many(b)
 
-        shapes = {"one batch": lambda fn: [fn(b) for b in batches],
-                  "loader": lambda fn: [r for _, r in prefetch(fn, batches, a.threads)]}
+        def timed(fn, arg):
+            t0 = time.monotonic()
+            return fn(arg), time.monotonic() - t0
+
+        def one_batch(rnd):
+            """Both modes batch by batch, alternating which goes first: (samples, seconds) of each."""
+            got, spent = {"serial": [], "concurrent": []}, {"serial": 0.0, "concurrent": 0.0}
+            for k, b in enumerate(batches):
+                order = [("serial", serial), ("concurrent", concurrent)]
+                for mode, fn in order[::-1] if (rnd + k) % 2 else order:
+                    out, dt = timed(fn, b)
+                    got[mode].append(out)
+                    spent[mode] += dt
+            return got, spent
+
+        def loader(rnd):
+            """The loop's prefetch over all batches, one mode after the other, alternating per round."""
+            got, spent = {}, {}
+            order = [("serial", serial), ("concurrent", concurrent)]
+            for mode, fn in order[::-1] if rnd % 2 else order:
+                got[mode], spent[mode] = timed(lambda f: [r for _, r in prefetch(f, batches, a.threads)], fn)
+            return got, spent
+
+        one_batch(0)  # unmeasured: the server's first prefills
+        shapes = {"one batch": one_batch, "loader": loader}
         rates = {(shape, mode): [] for shape in shapes for mode in ("serial", "concurrent")}
         for rnd in range(1, a.rounds + 1):
             for shape, run in shapes.items():
-                order = [("serial", serial), ("concurrent", concurrent)]
-                if rnd % 2 == 0:
-                    order.reverse()
-                got = {}
-                for mode, fn in order:
-                    t0 = time.monotonic()
-                    got[mode] = run(fn)
-                    rates[shape, mode].append(n / (time.monotonic() - t0))
+                got, spent = run(rnd)
+                for mode in spent:
+                    rates[shape, mode].append(n / spent[mode])
                 if rnd == 1:
                     pairs = [(x, y) for bx, by in zip(got["serial"], got["concurrent"]) for x, y in zip(bx, by)]
                     assert len(pairs) == n and all(torch.equal(x[k], y[k]) for x, y in pairs for k in x), shape
                 print(f"round {rnd} {shape}: " + "; ".join(
-                    f"{mode} {rates[shape, mode][-1]:.2f} samples/s" for mode, _ in order), flush=True)
+                    f"{mode} {rates[shape, mode][-1]:.2f} samples/s" for mode in ("serial", "concurrent")), flush=True)
         report = s.report()
     print(f"{n} samples ({len(batches)} batches of {a.batch}, up to 320 tokens) a measurement, {a.rounds} rounds; "
           f"extract.concurrency {a.concurrency}, train.loader_threads {a.threads}; captured {report['captured']}, "
