@@ -248,6 +248,20 @@ class OnlineSamples:
         self.server.start()
 
 
+def check_server(first: Planned, spec: CaptureSpec, client: Client, spool: Path, bound: float | None,
+                 url: str | None, server, keeper: ThreadPoolExecutor) -> None:
+    """Capture and verify the first sample before the trainer writes anything: a server launched for
+    another spec (target, engine, layers) or answering for other ids is refused here in one error, naming
+    ``train.online.url`` when the server is the user's, and leaves no partial run behind."""
+    try:
+        OnlineSamples([first], spec, client, spool, bound, budget=None, reserve=0, server=server,
+                      keeper=keeper).get(0)
+    except ExtractError as err:
+        if url is None:
+            raise
+        raise ExtractError(f"train.online.url={url}: {err}") from None
+
+
 @contextmanager
 def online_samples(cfg, spec: CaptureSpec, log=print) -> Iterator[OnlineSamples]:
     """The samples of ``cfg``'s extract section, captured on demand for ``cfg.train`` (its
@@ -285,6 +299,7 @@ def online_samples(cfg, spec: CaptureSpec, log=print) -> Iterator[OnlineSamples]
         alive = server.alive if server is not None else (lambda: True)
         planned = planned_samples(e, url, spec, tokenizer, plan, alive=alive, log=log)
         client = Client(url, e.max_retries, e.retry_backoff_s, alive)
+        check_server(planned[0], spec, client, spool, bound, o.url, server, keeper)
         samples = OnlineSamples(planned, spec, client, spool, bound,
                                 budget=o.budget_bytes if t.data == "hybrid" else None, reserve=reserve,
                                 concurrency=e.concurrency, server=server, keeper=keeper, restarts=o.restarts, log=log)
