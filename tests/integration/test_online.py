@@ -1,8 +1,10 @@
 """Online and hybrid training (issue 31, one host): the trainer captures each sample through a real SGLang
-capture server as its loader needs it, over the server's own files. One test, three server starts (the
-suite's time): an online run whose server is killed -9 (restarted by the trainer) and which is itself killed
--9, resumed as hybrid over a third epoch; its loss curve equals the offline run's on the same samples, and
-the spool never holds more than the budget."""
+capture server as its loader needs it, over the server's own files. Four server starts in all (the suite's
+time): one started by the module for ``train.online.url``, and those of the trainer's own runs in the long
+test: an online run whose server is killed -9 (restarted by the trainer) and which is itself killed -9,
+resumed as hybrid until its server is killed past ``train.online.restarts``, resumed again through the
+module's server; its loss curve equals the offline run's on the same samples, and the spool never holds
+more than the budget. The refusals of a server at ``train.online.url`` run against the module's server."""
 
 import json
 import os
@@ -17,6 +19,7 @@ import psutil
 import pytest
 
 from conftest import GREEDY, ROOT, TINY_CONFIG, eaglebox_cli, free_port
+from eaglebox.extract import ExtractError
 
 pytestmark = pytest.mark.sglang
 
@@ -25,6 +28,39 @@ SAMPLES = ["extract.max_samples=64", "extract.max_length=320", *GREEDY]
 COMMON = ["train.batch_size=8", "train.max_length=320", "train.log_every=1", "train.ttt_length=3",
           "train.max_steps=24", "train.epochs=3", "train.warmup_steps=2", "train.heldout_share=0",
           "train.checkpoint_every=4"]
+
+
+@pytest.fixture(scope="module")
+def url_server(tiny_target, tiny_cfg_path, tmp_path_factory):
+    """A capture server started as ``eaglebox train`` starts its own (same spec and flags), left running for
+    ``train.online.url``; (its url, its capture directory: the spool of the runs that use it, its pid)."""
+    from eaglebox.config import load_config
+    from eaglebox.extract.run import capture_server
+    from eaglebox.shards.spec import capture_spec
+
+    spool = tmp_path_factory.mktemp("url") / "spool"
+    spool.mkdir()
+    cfg = load_config(tiny_cfg_path, [*SAMPLES, f"engine.port={free_port()}"])
+    with capture_server(cfg, capture_spec(cfg), spool.parent / "capture-server.log", capture_dir=spool) as srv:
+        yield srv.url, spool, srv.proc.pid
+
+
+def extract_dir(tiny_shards, tmp_path):
+    """The samples are extract's: the same data set, tokenization and (cached) regenerated answers."""
+    d = tmp_path / "extract"
+    d.mkdir()
+    shutil.copy(tiny_shards / "regenerated.jsonl", d)
+    return d
+
+
+def kill_server(trainer):
+    """kill -9 of the trainer's own capture server and its scheduler."""
+    server = next(p for p in psutil.Process(trainer.pid).children() if "sglang.launch_server" in p.cmdline())
+    os.killpg(server.pid, signal.SIGKILL)
+
+
+def errors(output):
+    return [line for line in output.splitlines() if line.startswith("eaglebox train:")]
 
 
 def losses(out):
@@ -69,22 +105,20 @@ def steps_logged(out) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within_the_budget(tiny_shards, tmp_path):
+def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within_the_budget(
+        tiny_shards, url_server, tmp_path):
     ref = subprocess.run(train_cmd(tmp_path / "offline", f"extract.output_dir={tiny_shards}"), cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     assert ref.returncode == 0, ref.stderr[-3000:]
     want = losses(tmp_path / "offline")
     assert len(want) == 24
 
-    # the samples are extract's: the same data set, tokenization and (cached) regenerated answers
-    extract_dir = tmp_path / "extract"
-    extract_dir.mkdir()
-    shutil.copy(tiny_shards / "regenerated.jsonl", extract_dir)
-    out, spool = tmp_path / "online", tmp_path / "spool"
+    url, spool, _ = url_server
+    out = tmp_path / "online"
     # room for the 5 samples in flight (4 loader threads + 1: 1.98 MB at 320 tokens of the tiny target's
     # 4 x 128 features) and about 1 MB kept (a sample is 10-130 kB)
     budget = 3_000_000
-    online = [f"extract.output_dir={extract_dir}", *SAMPLES, f"train.online.spool_dir={spool}",
+    online = [f"extract.output_dir={extract_dir(tiny_shards, tmp_path)}", *SAMPLES, f"train.online.spool_dir={spool}",
               f"train.online.budget_bytes={budget}"]
     peak = HighWater(spool)
     peak.start()
@@ -94,8 +128,7 @@ def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within
                                   cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: steps_logged(out) >= 2, victim, "step 2")
-        server = next(p for p in psutil.Process(victim.pid).children() if "sglang.launch_server" in p.cmdline())
-        os.killpg(server.pid, signal.SIGKILL)  # the server and its scheduler; the trainer starts another
+        kill_server(victim)  # the trainer starts another
         wait_for(lambda: (out / "checkpoints" / "step-00000012").exists(), victim, "the checkpoint at step 12")
         os.kill(victim.pid, signal.SIGKILL)
     finally:
@@ -105,16 +138,35 @@ def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within
     assert "the capture server exited" in log and "restarting it (1 of 3)" in log, log[-3000:]
     assert not (out / "draft").exists()
 
-    resumed = subprocess.run(train_cmd(out, *online, "train.data=hybrid", f"engine.port={free_port()}"), cwd=ROOT,
+    # resumed as hybrid with no restarts left: its server killed -9 stops the run in one error, naming the key
+    cut = subprocess.Popen(train_cmd(out, *online, "train.data=hybrid", f"engine.port={free_port()}",
+                                     "train.online.restarts=0"),
+                           cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: steps_logged(out) >= 14, cut, "step 14")
+        kill_server(cut)
+        said = cut.communicate(timeout=300)[0]
+    finally:
+        cut.kill()
+        cut.wait()
+    assert cut.returncode == 1 and "Traceback" not in said, said[-3000:]
+    (error,) = errors(said)
+    assert ("the capture server exited and train.online.restarts=0 restarts are used up; cause: exit code -9"
+            in error and str(out / "capture-server.log") in error), error
+    assert not (out / "draft").exists() and sorted(p.name for p in spool.iterdir()) == ["kept"]
+
+    # and again, through the server already running at train.online.url (the trainer starts none)
+    resumed = subprocess.run(train_cmd(out, *online, "train.data=hybrid", f"train.online.url={url}"), cwd=ROOT,
                              capture_output=True, text=True, timeout=900)
     peak.done.set()
     peak.join()
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert "resumed from" in resumed.stdout + resumed.stderr
+    said = resumed.stdout + resumed.stderr
+    assert "resumed from" in said and "starting the capture server" not in said, said[-3000:]
     assert losses(out) == want  # exactly: the features are deterministic, the order is the checkpoint's
     report = json.loads((out / "report.json").read_text())["data"]
     print(json.dumps({"spool_peak_bytes": peak.peak, "budget": budget, "report": report}))
-    # hybrid kept what the budget allows from step 13 on and read it back in the third epoch
+    # hybrid kept what the budget allows from step 13 on and read it back in the third epoch (this run's report)
     assert report["data"] == "hybrid" and report["from_disk"] > 0 and report["captured"] > 0, report
     assert report["kept_samples"] < 64 and report["high_water_bytes"] <= budget, report
     assert 0 < peak.peak <= budget, peak.peak
@@ -130,3 +182,81 @@ def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within
                      f"train.online.budget_bytes={budget}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert (out / "draft" / "model.safetensors").read_bytes() == draft
+
+
+def url_run(tiny_shards, url_server, tmp_path, *extra):
+    url, spool, _ = url_server
+    return subprocess.run(train_cmd(tmp_path / "train", f"extract.output_dir={extract_dir(tiny_shards, tmp_path)}",
+                                    *SAMPLES, "train.data=online", f"train.online.url={url}",
+                                    f"train.online.spool_dir={spool}", *extra),
+                          cwd=ROOT, capture_output=True, text=True, timeout=900)
+
+
+def other_target(tmp_path):
+    """The tiny target with its config.json written out again (same values, other bytes): another revision."""
+    from conftest import TINY
+
+    d = tmp_path / "target"
+    shutil.copytree(TINY / "target", d)
+    (d / "config.json").write_text(json.dumps(json.loads((d / "config.json").read_text()), indent=1))
+    return d
+
+
+@pytest.mark.parametrize("differs", ["engine", "target"])
+def test_a_server_at_train_online_url_launched_for_another_spec_is_refused_before_the_run_writes(
+        tiny_shards, url_server, tmp_path, differs):
+    """The server at train.online.url records the spec it was launched for in each sample: a trainer whose
+    config implies another engine option (model.dtype) or another target is refused at the first sample,
+    before it writes anything, in one error naming the key, the sample file and the difference."""
+    url, spool, _ = url_server
+    extra, diff = {"engine": ("model.dtype=float32", "dtype"),
+                   "target": (f"model.path={other_target(tmp_path)}", "config_sha256")}[differs]
+    r = url_run(tiny_shards, url_server, tmp_path, extra)
+    said = r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in said, said[-3000:]
+    (error,) = errors(said)
+    print(error)
+    assert error.startswith(f"eaglebox train: train.online.url={url}: {spool}/") and diff in error, error
+    assert "the server reports" in error and "was launched for another spec" in error, error
+    assert not (tmp_path / "train").exists() and list(spool.glob("*.safetensors")) == []
+
+
+def test_a_sample_file_with_other_ids_than_were_sent_is_refused_naming_it(tiny_shards, url_server, tmp_path):
+    """Another client of the same server and spool wrote other ids under a sample's name (its writer then
+    paused, so the sample's own file cannot replace that one before the check): the trainer's read of that
+    sample is refused naming the file and the line, and nothing of it stays in the spool."""
+    import requests
+
+    from eaglebox.config import load_config
+    from eaglebox.extract.online import online_samples
+    from eaglebox.shards.requests import capture_rid
+    from eaglebox.shards.spec import capture_spec
+
+    url, spool, pid = url_server
+    cfg = load_config(TINY_CONFIG, [f"extract.output_dir={extract_dir(tiny_shards, tmp_path)}", *SAMPLES,
+                                    f"train.output_dir={tmp_path / 'train'}", "train.data=online",
+                                    f"train.online.url={url}", f"train.online.spool_dir={spool}"])
+    with online_samples(cfg, capture_spec(cfg), log=lambda *a: None) as samples:
+        p, path = samples.planned(1), spool / f"{samples.planned(1).id}.safetensors"
+        body = {"input_ids": p.input_ids[::-1], "rid": capture_rid(p.id), "return_hidden_states": True,
+                "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
+        assert requests.post(url + "/generate", json=body, timeout=300).status_code == 200
+        deadline = time.monotonic() + 60
+        while not path.exists():
+            assert time.monotonic() < deadline, f"{path} was not written"
+            time.sleep(0.01)
+        writer = next(q for q in psutil.Process(pid).children(recursive=True)
+                      if "eaglebox.capture.writer" in " ".join(q.cmdline()))
+        writer.suspend()
+        try:
+            with pytest.raises(ExtractError, match=rf"^{path}: the server ran other token ids than were sent for "
+                                                   rf"line {p.line}$"):
+                samples.get(1)
+            assert list(spool.glob("*.safetensors")) == []
+        finally:
+            writer.resume()
+        deadline = time.monotonic() + 60
+        while not path.exists():  # the sample's own file, written once the writer runs again
+            assert time.monotonic() < deadline, f"{path} was not written"
+            time.sleep(0.01)
+    assert list(spool.iterdir()) == []

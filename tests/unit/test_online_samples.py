@@ -59,7 +59,8 @@ def test_hybrid_without_a_budget_and_a_budget_below_the_samples_in_flight_are_re
     cfg = config_for_model(tmp_path, tiny_target, *base, "train.data=hybrid", "train.online.budget_bytes=1000000",
                            "extract.max_length=2048")
     with pytest.raises(ExtractError, match=r"train.online.budget_bytes=1,000,000 cannot hold the samples in flight: "
-                                           r"5 \(train.loader_threads \+ 1\) of up to 2048 tokens \(extract.max_length\) "
+                                           r"5 \(extract.concurrency, at most train.loader_threads x train.batch_size, \+ 1\) "
+                                           r"of up to 2048 tokens \(extract.max_length\) "
                                            r"are 10,905,600 bytes"):
         with online_samples(cfg, capture_spec(cfg)):
             pass

@@ -186,12 +186,14 @@ class OnlineConfig(Section):
     """The capture server's capture directory (in-flight samples) and, under ``kept/``, hybrid's cache;
     None: ``train.output_dir/spool``. One trainer per spool."""
     budget_bytes: int | None = Field(None, ge=1)
-    """Disk the spool may hold at its high-water mark: the samples in flight (``train.loader_threads`` + 1
-    of the longest) plus what hybrid keeps. Required for hybrid; with online, a budget the samples in
-    flight could pass is refused before the server starts."""
+    """Disk the spool may hold at its high-water mark: the samples in flight (``extract.concurrency``, at
+    most ``train.loader_threads`` x ``train.batch_size``, + 1, of the longest) plus what hybrid keeps.
+    Required for hybrid; with online, a budget the samples in flight could pass is refused before the
+    server starts."""
     url: str | None = None
     """A capture server already running with ``spool_dir`` as its capture directory (started as
-    ``eaglebox extract`` starts one, for this config's capture spec); None: the trainer starts its own."""
+    ``eaglebox extract`` starts one, for this config's capture spec: one launched for another is refused at
+    the first sample, before the run writes anything); None: the trainer starts its own."""
     restarts: int = Field(3, ge=0)
     """Times the trainer restarts its own capture server after it exits (kill -9, out of memory) before it
     stops naming the cause; a server at ``url`` is waited for (``extract.max_retries``) instead."""

@@ -7,9 +7,11 @@ off), with the spool as its capture directory. :meth:`OnlineSamples.get` sends o
 (:func:`~eaglebox.extract.http.capture_one`: rows == prompt tokens), waits for its file, checks it as a
 commit does (:func:`~eaglebox.extract.commit.verify_staged`: echoed ids == sent ids, the capture header
 with target and engine provenance, widths, dtype, health) and reads it hashed whole
-(:func:`~eaglebox.shards.format.read_sample`). The trainer's ``prefetch`` bounds how far ahead that runs
-(``train.loader_threads`` batches), so the spool holds at most one sample per loader thread (plus the
-held-out evaluator's, before the loop), and what hybrid keeps (``kept/``), which stays under
+(:func:`~eaglebox.shards.format.read_sample`). :meth:`OnlineSamples.get_many` (a batch, for the loader)
+sends its samples at once, up to ``extract.concurrency`` over all loader threads, so the server batches
+them in prefill as it does for ``eaglebox extract``. The trainer's ``prefetch`` bounds how far ahead that
+runs (``train.loader_threads`` batches), so the spool holds at most :func:`in_flight` samples (the
+held-out evaluator's one among them) and what hybrid keeps (``kept/``), which stays under
 ``train.online.budget_bytes`` less room for those in flight.
 
 Everything that needs all samples up front comes from the token ids alone (the plan: data set,
@@ -45,10 +47,17 @@ HEADER_BYTES = 64 << 10
 """Room for a sample file's header (the capture spec, sha256, largest values: a few KiB) in the budget."""
 
 
-def in_flight_reserve(max_length: int, spec: CaptureSpec, threads: int) -> int:
-    """Disk the samples in flight may take at once: ``threads`` files of the longest sample."""
+def in_flight(cfg) -> int:
+    """Samples captured at once at most: the loader's (``extract.concurrency``, or fewer when its threads'
+    batches hold fewer) plus the held-out evaluator's one."""
+    t = cfg.train
+    return min(cfg.extract.concurrency, t.loader_threads * t.batch_size) + 1
+
+
+def in_flight_reserve(max_length: int, spec: CaptureSpec, samples: int) -> int:
+    """Disk the samples in flight may take at once: ``samples`` files of the longest sample."""
     bpt = bytes_per_token(spec.hidden_size, len(spec.layers.layer_ids), spec.dtype_bytes)
-    return threads * (max_length * bpt + HEADER_BYTES)
+    return samples * (max_length * bpt + HEADER_BYTES)
 
 
 def clean_spool(spool: Path, keep: bool) -> None:
@@ -67,14 +76,16 @@ def clean_spool(spool: Path, keep: bool) -> None:
 class OnlineSamples:
     """:class:`~eaglebox.shards.format.ShardReader`'s interface (``len``, ``get``, ``ids_and_mask``,
     ``rows``, ``capture``, ``digest``, ``report``) over samples captured on demand. ``budget`` None keeps
-    nothing (online); otherwise samples are kept in ``spool/kept`` while kept + ``reserve`` fits in it."""
+    nothing (online); otherwise samples are kept in ``spool/kept`` while kept + ``reserve`` fits in it.
+    ``concurrency`` bounds the captures :meth:`get_many` has in flight, over all the threads that call it."""
 
     def __init__(self, planned: list[Planned], spec: CaptureSpec, client: Client, spool: Path, bound: float | None, *,
-                 budget: int | None, reserve: int, server=None, keeper: ThreadPoolExecutor | None = None,
-                 restarts: int = 0, log=print):
+                 budget: int | None, reserve: int, concurrency: int = 1, server=None,
+                 keeper: ThreadPoolExecutor | None = None, restarts: int = 0, log=print):
         self.capture, self.client, self.spool, self.bound = spec, client, Path(spool), bound
         self.budget, self.reserve, self.server, self.keeper = budget, reserve, server, keeper
         self.restarts, self.log = restarts, log
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="eaglebox-capture")
         # the plan as flat tensors (ShardReader's index holds them so too): 9 bytes a token, not Python lists
         self._sids = [p.id for p in planned]
         self._lines = [p.line for p in planned]
@@ -142,6 +153,15 @@ class OnlineSamples:
         ids, mask = self.ids_and_mask(i)
         n = min(len(ids), max_rows) if max_rows else len(ids)
         return {"input_ids": ids[:n], "loss_mask": mask[:n], "aux": s["aux"][:n], "last": s["last"][:n]}
+
+    def get_many(self, indices: list[int], max_rows: int | None = None) -> list[dict[str, torch.Tensor]]:
+        """:meth:`get` of each of ``indices``, in order, sent at once (one request after another left the
+        server's prefill a batch of one per loader thread); the first failure in order is raised."""
+        return list(self._pool.map(lambda i: self.get(i, max_rows), indices))
+
+    def close(self) -> None:
+        """Cancel the captures not begun (a failed batch's rest) and wait for those running."""
+        self._pool.shutdown(cancel_futures=True)
 
     def _verify(self, path: Path, p: Planned) -> dict[str, torch.Tensor]:
         """Extraction's checks from the header and ids (:func:`verify_staged`), then every byte hashed."""
@@ -228,6 +248,20 @@ class OnlineSamples:
         self.server.start()
 
 
+def check_server(first: Planned, spec: CaptureSpec, client: Client, spool: Path, bound: float | None,
+                 url: str | None, server, keeper: ThreadPoolExecutor) -> None:
+    """Capture and verify the first sample before the trainer writes anything: a server launched for
+    another spec (target, engine, layers) or answering for other ids is refused here in one error, naming
+    ``train.online.url`` when the server is the user's, and leaves no partial run behind."""
+    try:
+        OnlineSamples([first], spec, client, spool, bound, budget=None, reserve=0, server=server,
+                      keeper=keeper).get(0)
+    except ExtractError as err:
+        if url is None:
+            raise
+        raise ExtractError(f"train.online.url={url}: {err}") from None
+
+
 @contextmanager
 def online_samples(cfg, spec: CaptureSpec, log=print) -> Iterator[OnlineSamples]:
     """The samples of ``cfg``'s extract section, captured on demand for ``cfg.train`` (its
@@ -243,17 +277,19 @@ def online_samples(cfg, spec: CaptureSpec, log=print) -> Iterator[OnlineSamples]
         raise ExtractError(f"train.data: {t.data} runs on one rank (several ranks sharing capture servers "
                            "is not built yet); use train.data: offline under torchrun")
     spool = Path(o.spool_dir or Path(t.output_dir) / "spool")
-    reserve = in_flight_reserve(e.max_length, spec, t.loader_threads + 1)
+    flying = in_flight(cfg)
+    reserve = in_flight_reserve(e.max_length, spec, flying)
     if o.budget_bytes is not None and reserve > o.budget_bytes:
         raise ExtractError(f"train.online.budget_bytes={o.budget_bytes:,} cannot hold the samples in flight: "
-                           f"{t.loader_threads + 1} (train.loader_threads + 1) of up to {e.max_length} tokens "
-                           f"(extract.max_length) are {reserve:,} bytes")
+                           f"{flying} (extract.concurrency, at most train.loader_threads x train.batch_size, + 1) "
+                           f"of up to {e.max_length} tokens (extract.max_length) are {reserve:,} bytes")
     tokenizer = load_tokenizer(cfg.model)
     plan = prepare(e, spec, tokenizer, log, store=False)
     bound = feature_bound(cfg.model.path)
     clean_spool(spool, keep=t.data == "hybrid")
     server = None if o.url else capture_server(cfg, spec, Path(t.output_dir) / "capture-server.log", capture_dir=spool)
     keeper = ThreadPoolExecutor(1, thread_name_prefix="eaglebox-capture-server")
+    samples = None
     try:
         if server is not None:
             log(f"train: starting the capture server (SGLang {spec.engine_version}, layer ids "
@@ -263,14 +299,17 @@ def online_samples(cfg, spec: CaptureSpec, log=print) -> Iterator[OnlineSamples]
         alive = server.alive if server is not None else (lambda: True)
         planned = planned_samples(e, url, spec, tokenizer, plan, alive=alive, log=log)
         client = Client(url, e.max_retries, e.retry_backoff_s, alive)
+        check_server(planned[0], spec, client, spool, bound, o.url, server, keeper)
         samples = OnlineSamples(planned, spec, client, spool, bound,
                                 budget=o.budget_bytes if t.data == "hybrid" else None, reserve=reserve,
-                                server=server, keeper=keeper, restarts=o.restarts, log=log)
+                                concurrency=e.concurrency, server=server, keeper=keeper, restarts=o.restarts, log=log)
         log(f"train: {t.data}: {len(samples)} samples captured as the loader needs them"
             + (f"; up to {o.budget_bytes:,} bytes kept in {spool / KEPT} ({samples.report()['kept_samples']} there now)"
                if t.data == "hybrid" else ""))
         yield samples
     finally:
+        if samples is not None:
+            samples.close()
         if server is not None:
             keeper.submit(server.stop).result()
         keeper.shutdown()

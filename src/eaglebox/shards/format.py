@@ -362,3 +362,7 @@ class ShardReader:
             raise ShardError(f"{err}; {REPAIR.format(dir=self.dir)}") from None
         n = min(n, max_rows) if max_rows else n
         return {"input_ids": ids[:n], "loss_mask": mask[:n], "aux": s["aux"][:n], "last": s["last"][:n]}
+
+    def get_many(self, indices: list[int], max_rows: int | None = None) -> list[dict[str, torch.Tensor]]:
+        """:meth:`get` of each of ``indices``, in order: a batch (the online reader sends a batch at once)."""
+        return [self.get(i, max_rows) for i in indices]

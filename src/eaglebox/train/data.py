@@ -29,10 +29,10 @@ def steps_per_epoch(n: int, world: int, batch_size: int) -> int:
 
 
 def collate(reader: ShardReader, indices: list[int], max_length: int, pad_multiple: int = 1) -> dict[str, torch.Tensor]:
-    """Right-padded batch on the host, each sample verified as it is read (:meth:`ShardReader.get`);
+    """Right-padded batch on the host, each sample verified as it is read (:meth:`ShardReader.get_many`);
     ``valid`` marks real tokens. ``pad_multiple`` rounds the length up, so a compiled step sees few
     distinct shapes."""
-    samples = [reader.get(i, max_rows=max_length) for i in indices]
+    samples = reader.get_many(indices, max_rows=max_length)
     T = -(-max(s["input_ids"].shape[0] for s in samples) // pad_multiple) * pad_multiple
     B = len(samples)
     first = samples[0]
