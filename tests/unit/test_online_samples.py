@@ -64,4 +64,12 @@ def test_hybrid_without_a_budget_and_a_budget_below_the_samples_in_flight_are_re
                                            r"are 10,905,600 bytes"):
         with online_samples(cfg, capture_spec(cfg)):
             pass
+    # under torchrun each rank has its share of the budget: 2 ranks of 20 MB cannot hold 10.9 MB each
+    cfg = config_for_model(tmp_path, tiny_target, *base, "train.data=hybrid", "train.online.budget_bytes=20000000",
+                           "extract.max_length=2048")
+    with pytest.raises(ExtractError, match=r"train.online.budget_bytes=20,000,000 cannot hold the samples in flight: "
+                                           r".* are 10,905,600 bytes a rank, and each of the 2 ranks has 1/2 of the "
+                                           r"budget, 10,000,000$"):
+        with online_samples(cfg, capture_spec(cfg), rank=0, world=2):
+            pass
     assert not (tmp_path / "train").exists()
