@@ -9,7 +9,7 @@ import pytest
 
 from conftest import small_spec
 from eaglebox.extract import ExtractError
-from eaglebox.extract.online import KEPT, OnlineSamples, clean_spool
+from eaglebox.extract.online import KEPT, OnlineSamples, clean_other_ranks, clean_spool
 from eaglebox.extract.plan import Planned, sample_id
 from eaglebox.shards.format import samples_digest
 
@@ -42,6 +42,21 @@ def test_a_restarted_run_drops_samples_in_flight_and_half_written_files_and_onli
     clean_spool(spool, keep=True)
     assert sorted(p.relative_to(spool).as_posix() for p in spool.rglob("*")) == [KEPT, f"{KEPT}/0001.safetensors"]
     clean_spool(spool, keep=False)
+    assert list(spool.iterdir()) == []
+
+
+def test_rank_0_drops_what_a_run_at_another_world_size_left_so_the_budget_holds_for_the_whole_spool(tmp_path):
+    spool = tmp_path / "spool"
+    for d in ("rank0", "rank1", "rank2"):
+        clean_spool(spool / d, keep=True)
+        (spool / d / KEPT / "0001.safetensors").write_bytes(b"kept")
+    clean_spool(spool, keep=True)
+    (spool / KEPT / "0002.safetensors").write_bytes(b"kept by one rank")
+    (spool / "0003.safetensors").write_bytes(b"in flight")
+    clean_other_ranks(spool, 2)
+    assert sorted(p.relative_to(spool).as_posix() for p in spool.rglob("*.safetensors")) == [
+        f"rank0/{KEPT}/0001.safetensors", f"rank1/{KEPT}/0001.safetensors"]
+    clean_other_ranks(spool, 1)  # one rank's files are at the top; its own are cleaned by clean_spool
     assert list(spool.iterdir()) == []
 
 
