@@ -95,14 +95,14 @@ def clean_other_ranks(spool: Path, world: int) -> None:
 
 
 def rank_dir(rank: int, world: int) -> str:
-    """A rank's folder under the spool; one rank uses the spool itself (as before ranks shared it)."""
+    """A rank's folder under the spool; one rank uses the spool itself (so one-rank runs resume as before)."""
     return f"rank{rank}" if world > 1 else ""
 
 
 class OnlineSamples:
     """:class:`~eaglebox.shards.format.ShardReader`'s interface (``len``, ``get``, ``ids_and_mask``,
     ``rows``, ``capture``, ``digest``, ``report``) over samples captured on demand. ``budget`` None keeps
-    nothing (online); otherwise samples are kept in ``spool/kept`` while kept + ``reserve`` fits in it.
+    nothing (online); otherwise samples are kept in ``kept/`` of its folder while kept + ``reserve`` fits in it.
     ``concurrency`` bounds the captures :meth:`get_many` has in flight, over all the threads that call it.
     ``spool`` is the server's capture directory; this reader's files are in ``spool/rank_dir``."""
 
