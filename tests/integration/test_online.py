@@ -1,10 +1,12 @@
 """Online and hybrid training (issue 31, one host): the trainer captures each sample through a real SGLang
-capture server as its loader needs it, over the server's own files. Four server starts in all (the suite's
+capture server as its loader needs it, over the server's own files. Five server starts in all (the suite's
 time): one started by the module for ``train.online.url``, and those of the trainer's own runs in the long
 test: an online run whose server is killed -9 (restarted by the trainer) and which is itself killed -9,
 resumed as hybrid until its server is killed past ``train.online.restarts``, resumed again through the
 module's server; its loss curve equals the offline run's on the same samples, and the spool never holds
-more than the budget. The refusals of a server at ``train.online.url`` run against the module's server."""
+more than the budget. Then two torchrun ranks: rank 0's server, killed -9 with the run, resumed through
+the module's server, the two-rank offline curve. The refusals of a server at ``train.online.url`` run
+against the module's server."""
 
 import json
 import os
@@ -260,3 +262,67 @@ def test_a_sample_file_with_other_ids_than_were_sent_is_refused_naming_it(tiny_s
             assert time.monotonic() < deadline, f"{path} was not written"
             time.sleep(0.01)
     assert list(spool.iterdir()) == []
+
+
+def test_two_ranks_share_one_server_and_train_the_offline_two_rank_curve_within_the_budget(
+        tiny_shards, url_server, tmp_path):
+    """Two torchrun ranks (gloo), hybrid: rank 0 starts the capture server both ranks use, the run is killed -9
+    (launcher, ranks and that server) after its checkpoint at step 4 and resumed through the server at
+    train.online.url. Each rank captures its own slice of each batch into its own folder; the losses are
+    exactly those of two ranks offline on the same samples, and the whole spool stays under the budget."""
+    ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    per_rank = ["train.batch_size=4", "train.loader_threads=2"]  # global batch 8: 8 steps an epoch, as above
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def cmd(out, *extra):
+        return [*ranks, *train_cmd(out, *per_rank, *extra)[1:]]
+
+    ref = subprocess.run(cmd(tmp_path / "offline", f"extract.output_dir={tiny_shards}"), cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = losses(tmp_path / "offline")
+    assert len(want) == 24
+
+    url, spool, _ = url_server
+    out = tmp_path / "hybrid"
+    # each rank has half: room for its 5 samples in flight (1.98 MB) and about 1 MB kept
+    budget = 6_000_000
+    hybrid = [f"extract.output_dir={extract_dir(tiny_shards, tmp_path)}", *SAMPLES, "train.data=hybrid",
+              f"train.online.spool_dir={spool}", f"train.online.budget_bytes={budget}"]
+    peak = HighWater(spool)
+    peak.start()
+    with open(tmp_path / "killed.log", "w") as f:
+        victim = subprocess.Popen(cmd(out, *hybrid, f"engine.port={free_port()}"), cwd=ROOT, env=env, stdout=f,
+                                  stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: steps_logged(out) >= 1, victim, "step 1")
+        job = [psutil.Process(victim.pid), *psutil.Process(victim.pid).children(recursive=True)]
+        assert sum("sglang.launch_server" in p.cmdline() for p in job) == 1  # rank 0's, none of rank 1
+        # early: the 24 steps take a few seconds once the server is up
+        wait_for(lambda: (out / "checkpoints" / "step-00000004").exists(), victim, "the checkpoint at step 4")
+        for p in job:  # torchrun starts each rank in a session of its own: kill -9 of every process
+            p.kill()
+        psutil.wait_procs(job, timeout=60)
+    finally:
+        victim.kill()
+        victim.wait()
+    assert not (out / "draft").exists()
+
+    resumed = subprocess.run(cmd(out, *hybrid, f"train.online.url={url}"), cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=900)
+    peak.done.set()
+    peak.join()
+    said = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, said[-3000:]
+    assert "resumed from" in said and "starting the capture server" not in said, said[-3000:]
+    assert losses(out) == want  # exactly: the same samples on the same ranks in the same order
+    report = json.loads((out / "report.json").read_text())["data"]  # rank 0's
+    print(json.dumps({"spool_peak_bytes": peak.peak, "budget": budget, "report": report}))
+    assert report["spool"] == str(spool / "rank0") and report["captured"] > 0, report
+    assert report["high_water_bytes"] <= budget // 2, report
+    assert 0 < peak.peak <= budget, peak.peak
+    # each rank's files in its own folder, nothing in flight left behind; hybrid's kept samples stay
+    assert sorted(p.relative_to(spool).as_posix() for p in spool.iterdir()) == ["rank0", "rank1"]
+    for d in spool.iterdir():
+        assert [p.name for p in d.iterdir()] == ["kept"] and any((d / "kept").iterdir()), d
+        shutil.rmtree(d)  # the module's server's spool, as the other tests expect it

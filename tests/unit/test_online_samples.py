@@ -9,7 +9,7 @@ import pytest
 
 from conftest import small_spec
 from eaglebox.extract import ExtractError
-from eaglebox.extract.online import KEPT, OnlineSamples, clean_spool
+from eaglebox.extract.online import KEPT, OnlineSamples, clean_other_ranks, clean_spool
 from eaglebox.extract.plan import Planned, sample_id
 from eaglebox.shards.format import samples_digest
 
@@ -45,6 +45,21 @@ def test_a_restarted_run_drops_samples_in_flight_and_half_written_files_and_onli
     assert list(spool.iterdir()) == []
 
 
+def test_rank_0_drops_what_a_run_at_another_world_size_left_so_the_budget_holds_for_the_whole_spool(tmp_path):
+    spool = tmp_path / "spool"
+    for d in ("rank0", "rank1", "rank2"):
+        clean_spool(spool / d, keep=True)
+        (spool / d / KEPT / "0001.safetensors").write_bytes(b"kept")
+    clean_spool(spool, keep=True)
+    (spool / KEPT / "0002.safetensors").write_bytes(b"kept by one rank")
+    (spool / "0003.safetensors").write_bytes(b"in flight")
+    clean_other_ranks(spool, 2)
+    assert sorted(p.relative_to(spool).as_posix() for p in spool.rglob("*.safetensors")) == [
+        f"rank0/{KEPT}/0001.safetensors", f"rank1/{KEPT}/0001.safetensors"]
+    clean_other_ranks(spool, 1)  # one rank's files are at the top; its own are cleaned by clean_spool
+    assert list(spool.iterdir()) == []
+
+
 def test_hybrid_without_a_budget_and_a_budget_below_the_samples_in_flight_are_refused_before_a_server(
         tiny_target, tmp_path):
     from conftest import config_for_model
@@ -63,5 +78,13 @@ def test_hybrid_without_a_budget_and_a_budget_below_the_samples_in_flight_are_re
                                            r"of up to 2048 tokens \(extract.max_length\) "
                                            r"are 10,905,600 bytes"):
         with online_samples(cfg, capture_spec(cfg)):
+            pass
+    # under torchrun each rank has its share of the budget: 2 ranks of 20 MB cannot hold 10.9 MB each
+    cfg = config_for_model(tmp_path, tiny_target, *base, "train.data=hybrid", "train.online.budget_bytes=20000000",
+                           "extract.max_length=2048")
+    with pytest.raises(ExtractError, match=r"train.online.budget_bytes=20,000,000 cannot hold the samples in flight: "
+                                           r".* are 10,905,600 bytes a rank, and each of the 2 ranks has 1/2 of the "
+                                           r"budget, 10,000,000$"):
+        with online_samples(cfg, capture_spec(cfg), rank=0, world=2):
             pass
     assert not (tmp_path / "train").exists()

@@ -184,12 +184,14 @@ class OnlineConfig(Section):
 
     spool_dir: Path | None = None
     """The capture server's capture directory (in-flight samples) and, under ``kept/``, hybrid's cache;
-    None: ``train.output_dir/spool``. One trainer per spool."""
+    None: ``train.output_dir/spool``. One trainer per spool; under ``torchrun`` each rank has its own
+    ``rank<R>/`` folder in it (the files of ranks that share a sample across an epoch's end never collide)."""
     budget_bytes: int | None = Field(None, ge=1)
     """Disk the spool may hold at its high-water mark: the samples in flight (``extract.concurrency``, at
     most ``train.loader_threads`` x ``train.batch_size``, + 1, of the longest) plus what hybrid keeps.
     Required for hybrid; with online, a budget the samples in flight could pass is refused before the
-    server starts."""
+    server starts. Under ``torchrun`` it is for the whole spool: each of N ranks has ``budget_bytes / N``
+    for its own samples in flight and kept ones (so no rank waits on another's accounting)."""
     url: str | None = None
     """A capture server already running with ``spool_dir`` as its capture directory (started as
     ``eaglebox extract`` starts one, for this config's capture spec: one launched for another is refused at

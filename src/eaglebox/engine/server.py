@@ -28,6 +28,18 @@ class ServerError(EagleboxError):
     pass
 
 
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
+                 "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME")
+
+
+def without_torchrun(env) -> dict[str, str]:
+    """``env`` less torchrun's rendezvous variables: a child process (a server started by rank 0, the
+    held-out evaluator) that kept them would join the trainer's store (``TORCHELASTIC_USE_AGENT_STORE``)
+    with a process group of its own and wait there for ever."""
+    return {k: v for k, v in env.items()
+            if k not in TORCHRUN_VARS and not k.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))}
+
+
 class SGLangServer:
     """``with SGLangServer(args, env, log) as srv: requests.post(srv.url + "/generate", ...)``.
 
@@ -58,7 +70,7 @@ class SGLangServer:
         t0 = time.monotonic()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang.launch_server", *self.args],
-            env={**os.environ, **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            env={**without_torchrun(os.environ), **self.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=functools.partial(die_with_parent, os.getpid()),
         )
         log.close()

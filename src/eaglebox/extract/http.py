@@ -39,10 +39,12 @@ class Client:
                 time.sleep(self.backoff_s * 2**attempt)
         raise ExtractError(f"{self.url}{path} failed after {self.max_retries + 1} tries; last error: {last}")
 
-def capture_one(client: Client, p: Planned) -> tuple[Planned, dict | None]:
+def capture_one(client: Client, p: Planned, name: str | None = None) -> tuple[Planned, dict | None]:
     """Send one sample and check the server's answer; its file is written by the server's writer
-    process and appears (atomically) a little later. Returns the sample and the sink's numbers."""
-    rid = capture_rid(p.id)
+    process and appears (atomically) a little later, as ``<capture dir>/<name>.safetensors`` (``name``: the
+    sample id unless given; an online trainer's rank puts its files in a folder of its own). Returns the
+    sample and the sink's numbers."""
+    rid = capture_rid(name or p.id)
     body = {"input_ids": p.input_ids, "rid": rid, "return_hidden_states": True,
             "sampling_params": {"max_new_tokens": 1, "temperature": 0}}
     out = client.post("/generate", body)

@@ -21,11 +21,19 @@ samples in the same order. A trainer killed mid-run leaves files in flight; the 
 (:func:`clean_spool`). A server that exits (kill -9) is restarted, up to ``train.online.restarts``
 times, and the samples in flight are sent again; a server at ``train.online.url`` is waited for with the
 client's retries. Either way the run stops with one error naming the cause when it cannot go on.
+
+Under ``torchrun`` every rank captures only the samples its own slice of each batch needs, through one
+server: rank 0 starts it (and restarts it; the other ranks wait for it with the client's retries, as for
+``train.online.url``) or all use ``train.online.url``. Each rank's files live in ``spool/rank<R>/`` (the
+request names the file, so two ranks never share one, even when an epoch's last batch on one rank and the
+next epoch's first on another hold the same sample), and each rank gets ``budget_bytes / world`` of the
+budget, so the whole spool stays under it.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from collections.abc import Iterator
@@ -73,16 +81,36 @@ def clean_spool(spool: Path, keep: bool) -> None:
         (spool / KEPT).mkdir(exist_ok=True)
 
 
+def clean_other_ranks(spool: Path, world: int) -> None:
+    """Rank 0: what a run at another world size left (one rank's files at the top, or ``rank<R>/`` folders
+    this run has no rank for), so that the budget holds for the whole spool; a checkpoint resumes only at
+    the world size that wrote it."""
+    ours = {rank_dir(r, world) for r in range(world)}
+    spool.mkdir(parents=True, exist_ok=True)
+    for d in spool.iterdir():
+        if d.is_dir() and re.fullmatch(r"rank\d+", d.name) and d.name not in ours:
+            shutil.rmtree(d)
+    if world > 1:
+        clean_spool(spool, keep=False)
+
+
+def rank_dir(rank: int, world: int) -> str:
+    """A rank's folder under the spool; one rank uses the spool itself (so one-rank runs resume as before)."""
+    return f"rank{rank}" if world > 1 else ""
+
+
 class OnlineSamples:
     """:class:`~eaglebox.shards.format.ShardReader`'s interface (``len``, ``get``, ``ids_and_mask``,
     ``rows``, ``capture``, ``digest``, ``report``) over samples captured on demand. ``budget`` None keeps
-    nothing (online); otherwise samples are kept in ``spool/kept`` while kept + ``reserve`` fits in it.
-    ``concurrency`` bounds the captures :meth:`get_many` has in flight, over all the threads that call it."""
+    nothing (online); otherwise samples are kept in ``kept/`` of its folder while kept + ``reserve`` fits in it.
+    ``concurrency`` bounds the captures :meth:`get_many` has in flight, over all the threads that call it.
+    ``spool`` is the server's capture directory; this reader's files are in ``spool/rank_dir``."""
 
     def __init__(self, planned: list[Planned], spec: CaptureSpec, client: Client, spool: Path, bound: float | None, *,
                  budget: int | None, reserve: int, concurrency: int = 1, server=None,
-                 keeper: ThreadPoolExecutor | None = None, restarts: int = 0, log=print):
+                 keeper: ThreadPoolExecutor | None = None, restarts: int = 0, rank_dir: str = "", log=print):
         self.capture, self.client, self.spool, self.bound = spec, client, Path(spool), bound
+        self.rank_dir, self.folder = rank_dir, Path(spool) / rank_dir
         self.budget, self.reserve, self.server, self.keeper = budget, reserve, server, keeper
         self.restarts, self.log = restarts, log
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="eaglebox-capture")
@@ -108,7 +136,7 @@ class OnlineSamples:
     def _load_kept(self) -> None:
         """Kept samples of an earlier run of this data, within the budget; the rest deleted."""
         wanted = set(self._sids)
-        for f in sorted((self.spool / KEPT).iterdir()):
+        for f in sorted((self.folder / KEPT).iterdir()):
             size = f.stat().st_size
             if f.name.endswith(".safetensors") and f.stem in wanted and self._fits(size):
                 self._kept[f.stem] = size
@@ -135,7 +163,7 @@ class OnlineSamples:
         return self._digest
 
     def report(self) -> dict:
-        return {"data": "online" if self.budget is None else "hybrid", "spool": str(self.spool),
+        return {"data": "online" if self.budget is None else "hybrid", "spool": str(self.folder),
                 "budget_bytes": self.budget, "kept_samples": len(self._kept), "kept_bytes": self._kept_bytes,
                 **self.stats}
 
@@ -172,7 +200,7 @@ class OnlineSamples:
             raise ExtractError(f"sample at line {p.line}: {err}") from None
 
     def _read_kept(self, p: Planned) -> dict[str, torch.Tensor] | None:
-        path = self.spool / KEPT / f"{p.id}.safetensors"
+        path = self.folder / KEPT / f"{p.id}.safetensors"
         try:
             s = self._verify(path, p)
         except (ExtractError, ShardError, OSError) as err:  # damaged since: it is captured again
@@ -186,11 +214,11 @@ class OnlineSamples:
         return s
 
     def _capture(self, p: Planned) -> dict[str, torch.Tensor]:
-        path = self.spool / f"{p.id}.safetensors"
+        path = self.folder / f"{p.id}.safetensors"
         while True:
             generation = self._generation
             try:
-                capture_one(self.client, p)
+                capture_one(self.client, p, f"{self.rank_dir}/{p.id}" if self.rank_dir else p.id)
                 wait_for_files([(path, f"sample at line {p.line}")], alive=self._alive)
                 break
             except ExtractError as err:
@@ -206,7 +234,7 @@ class OnlineSamples:
             with self._lock:
                 self.stats["captured"] += 1
                 if self._fits(size):
-                    os.replace(path, self.spool / KEPT / path.name)
+                    os.replace(path, self.folder / KEPT / path.name)
                     self._kept[p.id] = size
                     self._kept_bytes += size
             return s
@@ -244,18 +272,19 @@ class OnlineSamples:
 
     def _relaunch(self) -> None:
         self.server.stop()
-        drop_partial_files(self.spool)  # a writer killed mid-file
+        for folder in [self.spool, *(d for d in self.spool.glob("rank*") if d.is_dir())]:
+            drop_partial_files(folder)  # a writer killed mid-file, for any rank
         self.server.start()
 
 
 def check_server(first: Planned, spec: CaptureSpec, client: Client, spool: Path, bound: float | None,
-                 url: str | None, server, keeper: ThreadPoolExecutor) -> None:
+                 url: str | None, server, keeper: ThreadPoolExecutor, rank_dir: str = "") -> None:
     """Capture and verify the first sample before the trainer writes anything: a server launched for
     another spec (target, engine, layers) or answering for other ids is refused here in one error, naming
     ``train.online.url`` when the server is the user's, and leaves no partial run behind."""
     try:
         OnlineSamples([first], spec, client, spool, bound, budget=None, reserve=0, server=server,
-                      keeper=keeper).get(0)
+                      keeper=keeper, rank_dir=rank_dir).get(0)
     except ExtractError as err:
         if url is None:
             raise
@@ -263,49 +292,69 @@ def check_server(first: Planned, spec: CaptureSpec, client: Client, spool: Path,
 
 
 @contextmanager
-def online_samples(cfg, spec: CaptureSpec, log=print) -> Iterator[OnlineSamples]:
+def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: int = 1,
+                   share=lambda obj: obj) -> Iterator[OnlineSamples]:
     """The samples of ``cfg``'s extract section, captured on demand for ``cfg.train`` (its
-    ``data: online | hybrid`` and ``online`` section); starts (and finally stops) the capture server
-    unless ``train.online.url`` names one."""
+    ``data: online | hybrid`` and ``online`` section); rank 0 starts (and finally stops) the capture server
+    unless ``train.online.url`` names one. ``share``: rank 0's value on every rank (the server's url, once
+    it is up and the regenerated answers are cached for the other ranks)."""
     from eaglebox.extract.run import capture_server, planned_samples, prepare
     from eaglebox.target.tokenizer import load_tokenizer
 
     e, t, o = cfg.extract, cfg.train, cfg.train.online
     if e.dataset is None:
         raise ExtractError("extract.dataset: required for train.data online or hybrid (the samples are extract's)")
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ExtractError(f"train.data: {t.data} runs on one rank (several ranks sharing capture servers "
-                           "is not built yet); use train.data: offline under torchrun")
     spool = Path(o.spool_dir or Path(t.output_dir) / "spool")
+    mine = rank_dir(rank, world)
     flying = in_flight(cfg)
     reserve = in_flight_reserve(e.max_length, spec, flying)
-    if o.budget_bytes is not None and reserve > o.budget_bytes:
+    budget = None if o.budget_bytes is None else o.budget_bytes // world
+    if budget is not None and reserve > budget:
+        split = f" a rank, and each of the {world} ranks has 1/{world} of the budget, {budget:,}" if world > 1 else ""
         raise ExtractError(f"train.online.budget_bytes={o.budget_bytes:,} cannot hold the samples in flight: "
                            f"{flying} (extract.concurrency, at most train.loader_threads x train.batch_size, + 1) "
-                           f"of up to {e.max_length} tokens (extract.max_length) are {reserve:,} bytes")
+                           f"of up to {e.max_length} tokens (extract.max_length) are {reserve:,} bytes{split}")
+    log = log if rank == 0 else (lambda *a: None)
     tokenizer = load_tokenizer(cfg.model)
     plan = prepare(e, spec, tokenizer, log, store=False)
     bound = feature_bound(cfg.model.path)
-    clean_spool(spool, keep=t.data == "hybrid")
-    server = None if o.url else capture_server(cfg, spec, Path(t.output_dir) / "capture-server.log", capture_dir=spool)
+    if rank == 0:
+        clean_other_ranks(spool, world)
+    clean_spool(spool / mine, keep=t.data == "hybrid")
+    server = None if o.url or rank else capture_server(cfg, spec, Path(t.output_dir) / "capture-server.log",
+                                                      capture_dir=spool)
     keeper = ThreadPoolExecutor(1, thread_name_prefix="eaglebox-capture-server")
     samples = None
     try:
-        if server is not None:
-            log(f"train: starting the capture server (SGLang {spec.engine_version}, layer ids "
-                f"{list(spec.layers.layer_ids)}); spool {spool}, log {server.log_path}")
-            keeper.submit(server.start).result()
-        url = o.url or server.url
-        alive = server.alive if server is not None else (lambda: True)
-        planned = planned_samples(e, url, spec, tokenizer, plan, alive=alive, log=log)
+        if rank == 0:
+            try:
+                if server is not None:
+                    log(f"train: starting the capture server (SGLang {spec.engine_version}, layer ids "
+                        f"{list(spec.layers.layer_ids)}); spool {spool}, log {server.log_path}")
+                    keeper.submit(server.start).result()
+                url = o.url or server.url
+                alive = server.alive if server is not None else (lambda: True)
+                planned = planned_samples(e, url, spec, tokenizer, plan, alive=alive, log=log)
+            except BaseException:
+                share(None)  # the other ranks stop too
+                raise
+            share(url)
+        else:
+            url = share(None)
+            if url is None:
+                raise ExtractError("rank 0 could not start the capture server or plan the samples (its error says why)")
+            alive = lambda: True  # noqa: E731 - rank 0's server, waited for with the client's retries
+            planned = planned_samples(e, url, spec, tokenizer, plan, alive=alive, log=log)
         client = Client(url, e.max_retries, e.retry_backoff_s, alive)
-        check_server(planned[0], spec, client, spool, bound, o.url, server, keeper)
+        check_server(planned[0], spec, client, spool, bound, o.url, server, keeper, mine)
         samples = OnlineSamples(planned, spec, client, spool, bound,
-                                budget=o.budget_bytes if t.data == "hybrid" else None, reserve=reserve,
-                                concurrency=e.concurrency, server=server, keeper=keeper, restarts=o.restarts, log=log)
+                                budget=budget if t.data == "hybrid" else None, reserve=reserve,
+                                concurrency=e.concurrency, server=server, keeper=keeper, restarts=o.restarts,
+                                rank_dir=mine, log=log)
         log(f"train: {t.data}: {len(samples)} samples captured as the loader needs them"
-            + (f"; up to {o.budget_bytes:,} bytes kept in {spool / KEPT} ({samples.report()['kept_samples']} there now)"
-               if t.data == "hybrid" else ""))
+            + (f" ({world} ranks, each its own slice of each batch, files in {spool}/rank<R>/)" if world > 1 else "")
+            + (f"; up to {budget:,} bytes a rank kept in {spool / mine / KEPT} "
+               f"({samples.report()['kept_samples']} there now)" if t.data == "hybrid" else ""))
         yield samples
     finally:
         if samples is not None:
@@ -313,4 +362,4 @@ def online_samples(cfg, spec: CaptureSpec, log=print) -> Iterator[OnlineSamples]
         if server is not None:
             keeper.submit(server.stop).result()
         keeper.shutdown()
-        clean_spool(spool, keep=t.data == "hybrid")
+        clean_spool(spool / mine, keep=t.data == "hybrid")

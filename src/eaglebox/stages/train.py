@@ -1,6 +1,6 @@
 """``eaglebox train``: one process, or one per GPU under ``torchrun``. With ``train.data: online | hybrid``
-the samples are captured as the loader needs them (:mod:`eaglebox.extract.online`), through a capture
-server this command starts (or ``train.online.url``)."""
+the samples are captured as the loader needs them (:mod:`eaglebox.extract.online`), through one capture
+server that this command's rank 0 starts (or ``train.online.url``) and all ranks share."""
 
 from eaglebox.shards.spec import capture_spec
 
@@ -13,7 +13,9 @@ def run(cfg) -> int:
         run_train(cfg, spec)
         return 0
     from eaglebox.extract.online import online_samples
+    from eaglebox.train.dist import Dist
 
-    with online_samples(cfg, spec) as samples:
+    d = Dist()  # rank 0 starts the capture server that every rank shares
+    with online_samples(cfg, spec, rank=d.rank, world=d.world, share=d.share) as samples:
         run_train(cfg, spec, reader=samples)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,18 @@ class Dist:
     def barrier(self) -> None:
         if self.world > 1:
             dist.barrier()
+
+    def share(self, obj):
+        """Rank 0's ``obj`` (picklable) on every rank: what rank 0 alone set up, such as its capture server's
+        url. Over a gloo group without the training collectives' timeout: rank 0's server start and answer
+        regeneration may take hours (torchrun stops the other ranks if rank 0 dies meanwhile)."""
+        if self.world > 1:
+            group = dist.new_group(backend="gloo", timeout=timedelta(days=7))
+            box = [obj]
+            dist.broadcast_object_list(box, src=0, group=group)
+            dist.destroy_process_group(group)
+            obj = box[0]
+        return obj
 
     def sum(self, t: torch.Tensor) -> torch.Tensor:
         if self.world > 1:

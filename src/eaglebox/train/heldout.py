@@ -89,13 +89,11 @@ def _evaluate(draft_dir: Path, embed: torch.Tensor, samples, num_steps: int, eng
 def _child(env: dict, args_path: str, q) -> None:
     import os
 
-    # torchrun's rendezvous variables: left in place, the child's world-1 group would join the trainer's
-    # store (TORCHELASTIC_USE_AGENT_STORE) and wait there for ever
-    for k in [k for k in os.environ if k.startswith(("TORCHELASTIC_", "TORCH_ELASTIC_"))] + [
-            "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-            "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME"]:
-        os.environ.pop(k, None)
-    os.environ.update(env)
+    from eaglebox.engine.server import without_torchrun
+
+    kept = without_torchrun(os.environ)
+    os.environ.clear()
+    os.environ.update({**kept, **env})
     try:
         q.put(("ok", _evaluate(*torch.load(args_path, weights_only=False))))
     except BaseException as err:  # noqa: BLE001 - reported to the parent
