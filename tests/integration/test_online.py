@@ -107,13 +107,18 @@ def steps_logged(out) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
+def offline_losses(cmd: list[str], out, env=None) -> list[float]:
+    """The reference: the same samples trained from the shards, 24 steps."""
+    ref = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    want = losses(out)
+    assert len(want) == 24
+    return want
+
+
 def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within_the_budget(
         tiny_shards, url_server, tmp_path):
-    ref = subprocess.run(train_cmd(tmp_path / "offline", f"extract.output_dir={tiny_shards}"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=900)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    want = losses(tmp_path / "offline")
-    assert len(want) == 24
+    want = offline_losses(train_cmd(tmp_path / "offline", f"extract.output_dir={tiny_shards}"), tmp_path / "offline")
 
     url, spool, _ = url_server
     out = tmp_path / "online"
@@ -277,11 +282,7 @@ def test_two_ranks_share_one_server_and_train_the_offline_two_rank_curve_within_
     def cmd(out, *extra):
         return [*ranks, *train_cmd(out, *per_rank, *extra)[1:]]
 
-    ref = subprocess.run(cmd(tmp_path / "offline", f"extract.output_dir={tiny_shards}"), cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    want = losses(tmp_path / "offline")
-    assert len(want) == 24
+    want = offline_losses(cmd(tmp_path / "offline", f"extract.output_dir={tiny_shards}"), tmp_path / "offline", env)
 
     url, spool, _ = url_server
     out = tmp_path / "hybrid"
