@@ -7,7 +7,9 @@ The Llama-form draft, its shards and its offline scores are the session's ``mla_
 extract -> parity -> ``eaglebox check``, which ``test_mla_loop.py`` checks); one more ``check`` on the same
 shards (the capture resumes, nothing is recaptured) trains and scores the MLA-form draft
 (``train.draft.architecture: deepseek_mla``, SGLang's ``Eagle3DeepseekV2ForCausalLM``). Each draft is then
-served on the first few held-out prompts of those offline scores. A draft served with the wrong layers is
+served on the first few held-out prompts of those offline scores, beside one target server that both benches
+compare against (``bench.target_url``: the greedy reference is the same config and prompts for both forms, so
+one start serves both). A draft served with the wrong layers is
 refused by the server (``LayerMismatch``: ``eaglebox bench`` fails); random weights served as the trained
 draft fail the AL assertions (measured: served 1.08 vs offline 2.01).
 """
@@ -46,16 +48,33 @@ def mla_drafts(mla_loop):
     return d, out
 
 
+@pytest.fixture(scope="module")
+def served_target(tiny_mla_target, tmp_path_factory):
+    """The target alone as ``eaglebox bench`` starts it for ``SERVED`` (its model and engine flags, no draft),
+    started once for both forms' benches (``bench.target_url``)."""
+    from eaglebox.bench.rounds import server_cfg
+    from eaglebox.config import load_config
+    from eaglebox.engine.launch import server_for
+
+    cfg = load_config(SERVED, [f"model.path={tiny_mla_target}"])
+    with server_for(server_cfg(cfg, free_port(), None), "plain",
+                    tmp_path_factory.mktemp("served-target") / "server.log") as srv:
+        yield srv.url
+
+
 @pytest.mark.parametrize("form", list(FORMS))
-def test_served_mla_target_equals_greedy_and_agrees_with_offline_al(mla_drafts, form):
+def test_served_mla_target_equals_greedy_and_agrees_with_offline_al(mla_drafts, served_target, form):
     d, drafts = mla_drafts
     draft, offline = drafts[form]
     arch = json.loads((draft / "config.json").read_text())["architectures"]
     assert arch == [{"llama": "LlamaForCausalLMEagle3", "deepseek_mla": "Eagle3DeepseekV2ForCausalLM"}[form]]
     r = eaglebox_cli("bench", "--config", str(SERVED), f"serve.draft_path={draft}", f"engine.port={free_port()}",
-                     f"bench.output_dir={d / form / 'served'}", f"bench.num_prompts={N}", timeout=2400)
+                     f"bench.target_url={served_target}", f"bench.output_dir={d / form / 'served'}",
+                     f"bench.num_prompts={N}", timeout=2400)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    check_served(json.loads((d / form / "served" / "bench.json").read_text()), offline, form)
+    served = json.loads((d / form / "served" / "bench.json").read_text())
+    assert served["target_server"] == served_target and "target" not in served["startup_s"]  # started none
+    check_served(served, offline, form)
 
 
 def check_served(served: dict, offline: dict, form: str) -> None:

@@ -4,8 +4,10 @@ tests/integration/test_export_and_gate.py (CPU) and tools/h200/checks/served.py 
 
 from pathlib import Path
 
+import pytest
+
 from eaglebox.bench.rounds import differences, requests_at, server_cfg, summarize, variants
-from eaglebox.config import load_config
+from eaglebox.config import ConfigError, load_config
 from eaglebox.config.schema import Chain
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,3 +75,12 @@ def test_summary_ratios_are_per_round_against_that_rounds_target_and_report_the_
 
 def test_chain_label():
     assert Chain(num_steps=5, eagle_topk=8, num_draft_tokens=32).label() == "5/8/32"
+
+
+def test_a_running_target_and_a_running_target_plus_draft_are_not_benched_together():
+    """``bench.target_url`` (the target the rounds compare against, test_mla_served.py serves two drafts
+    beside one) and ``bench.url`` (a target + draft server measured alone) exclude each other."""
+    cfg = load_config(GPU, ["bench.target_url=http://127.0.0.1:1/"])
+    assert cfg.bench.target_url == "http://127.0.0.1:1/" and cfg.bench.url is None
+    with pytest.raises(ConfigError, match="bench.target_url is the target the side-by-side rounds compare against"):
+        load_config(GPU, ["bench.target_url=http://127.0.0.1:1", "bench.url=http://127.0.0.1:2"])

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from eaglebox.config import load_config
-from eaglebox.engine.launch import launch_args, launch_env
+from eaglebox.engine.launch import launch_args, launch_env, no_crash_dump_waits
 from eaglebox.errors import EagleboxError
 from eaglebox.target.layers import sglang_layer_ids
 
@@ -163,3 +163,19 @@ def test_dp_attention_that_would_do_nothing_or_stop_sglang_is_refused_before_a_s
                         "model.dp=3", 'engine.extra_args=["--enable-dp-attention"]'])
     with pytest.raises(EagleboxError, match=r"DP attention with 3 attention groups needs model.tp divisible by 3"):
         serve.run(kimi)
+
+
+def test_servers_wait_for_no_crash_dump_that_cannot_be_made(tmp_path):
+    """SGLang's crash diagnostics (a 5 s sleep before py-spy, 60 s for CUDA core dumps) are switched off where
+    they cannot run; where they can, or where the environment sets them, they are left alone. The stop they
+    cost is checked on a real server in tests/integration/test_sglang_server.py."""
+    bare = {"PATH": str(tmp_path)}
+    assert no_crash_dump_waits(bare) == {"SGLANG_PYSPY_DUMP_BEFORE_CRASH": "0", "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+    spy = tmp_path / "py-spy"
+    spy.write_text("#!/bin/sh\n")
+    spy.chmod(0o755)
+    assert no_crash_dump_waits({"PATH": str(tmp_path), "CUDA_ENABLE_USER_TRIGGERED_COREDUMP": "1"}) == {}
+    assert no_crash_dump_waits({**bare, "SGLANG_PYSPY_DUMP_BEFORE_CRASH": "1"}) == {
+        "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
+    cfg = load_config("configs/tiny-cpu.yaml", [f"model.path={fake_model(tmp_path, LLAMA_CONFIG)}"])
+    assert launch_env(cfg, "plain")["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "0"  # no CUDA here

@@ -93,11 +93,12 @@ def test_fused_head_loss_equals_autograd_of_the_plain_loss():
 
 
 def test_compiled_steps_keep_one_static_entry_per_padded_length_past_torchs_limit(monkeypatch):
-    """Nine lengths, one more than torch's default recompile limit: every length is compiled static
-    (none turned dynamic, none left to run eagerly) and computes what the eager draft does."""
+    """Three lengths, one more than a recompile limit of 2 (torch's default of 8 took nine lengths, each compiled
+    twice: docs/testing.md): every length is compiled static (none turned dynamic, none left to run eagerly) and
+    computes what the eager draft does."""
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 2)
     torch._dynamo.reset()
     torch.manual_seed(0)
     spec = DraftSpec(hidden_size=32, target_hidden_size=32, num_aux=3, num_attention_heads=2, num_key_value_heads=1,
@@ -108,7 +109,7 @@ def test_compiled_steps_keep_one_static_entry_per_padded_length_past_torchs_limi
         eager.d2t.copy_(build_vocab(torch.arange(100), 40)[0])
     compiled = Eagle3Draft(spec)
     compiled.load_state_dict(eager.state_dict())
-    lengths = [k * PAD_MULTIPLE for k in range(1, 10)]
+    lengths = [k * PAD_MULTIPLE for k in range(1, 4)]
     compiled.compile_steps(max(lengths))
     head = torch.randn(100, 32)
     for T in lengths:

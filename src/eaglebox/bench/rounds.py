@@ -138,7 +138,7 @@ class Bench:
                  + (f", AL {row['accept_length']:.3f}" if row.get("accept_length") else ""))
         self.save()
 
-    def batch(self, target, group: list[Variant]) -> None:
+    def batch(self, target_url: str, group: list[Variant]) -> None:
         """Starts ``group``'s servers beside the running target, warms them up, runs the rounds."""
         b = self.cfg.bench
         with ExitStack() as stack:
@@ -148,7 +148,7 @@ class Bench:
                 self.report["startup_s"][name] = round(srv.startup_s, 1)
                 self.log(f"bench: {name} server healthy after {srv.startup_s:.0f} s")
             steps = {"target": None} | {v.name: v.chain.num_steps for v in group}
-            urls = {"target": target.url} | {n: s.url for n, s in servers.items()}
+            urls = {"target": target_url} | {n: s.url for n, s in servers.items()}
             for url in urls.values():
                 for c in b.concurrency:
                     run_prompts(url, self.prompts[:c], WARMUP_TOKENS, c)
@@ -156,7 +156,7 @@ class Bench:
                 for c in b.concurrency:
                     for name, url in urls.items():
                         self.measure(name, url, c, rnd, steps[name])
-                self.compare(target.url, group, rnd)
+                self.compare(target_url, group, rnd)
 
     def compare(self, target_url: str, group: list[Variant], rnd: int) -> None:
         """Each variant's round-``rnd`` outputs against the target's of the same round and concurrency."""
@@ -194,14 +194,20 @@ class Bench:
         return self.report
 
     def side_by_side(self) -> None:
-        per = self.cfg.bench.servers_at_once - 1
+        b = self.cfg.bench
+        per = b.servers_at_once - 1
         with ExitStack() as stack:
-            target = self.start(stack, "target", None)
-            target.wait()
-            self.report["startup_s"]["target"] = round(target.startup_s, 1)
-            self.log(f"bench: target server healthy after {target.startup_s:.0f} s")
+            if b.target_url:
+                target_url = self.report["target_server"] = b.target_url.rstrip("/")
+                self.log(f"bench: the target alone at {target_url}")
+            else:
+                target = self.start(stack, "target", None)
+                target.wait()
+                target_url = target.url
+                self.report["startup_s"]["target"] = round(target.startup_s, 1)
+                self.log(f"bench: target server healthy after {target.startup_s:.0f} s")
             for i in range(0, len(self.variants), per):
-                self.batch(target, self.variants[i:i + per])
+                self.batch(target_url, self.variants[i:i + per])
                 self.report["summary"] = summarize(self.report)
                 self.save()
 

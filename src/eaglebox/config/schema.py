@@ -335,6 +335,17 @@ class BenchConfig(Section):
     """Servers alive at once, the target's included (each holds the target's weights)."""
     min_requests: int | None = Field(None, ge=1)
     """At concurrency c, send max(c, this) of the prompts; None sends all ``num_prompts`` at every level."""
+    target_url: str | None = None
+    """The target alone, already running (started as ``eaglebox bench`` starts it: this config's model and
+    engine flags, no draft): the rounds compare against it instead of a target server of their own, so
+    drafts benched one after another share one. None starts the target."""
+
+    @model_validator(mode="after")
+    def _one_running_server(self) -> BenchConfig:
+        if self.url and self.target_url:
+            raise ValueError("bench.url measures a running target + draft server alone; bench.target_url is "
+                             "the target the side-by-side rounds compare against: set one")
+        return self
 
 
 class Config(Section):

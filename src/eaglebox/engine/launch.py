@@ -17,6 +17,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -330,7 +331,22 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None,
         env.setdefault("EAGLEBOX_CAPTURE_NICE_WRITERS", "1" if cfg.engine.device == "cpu" else "0")
     if mode == "speculative" and (expected := draft_layer_inputs(cfg.serve.draft_path)) is not None:
         env["EAGLEBOX_EXPECT_LAYER_INPUTS"] = json.dumps(expected)
-    return env
+    return env | no_crash_dump_waits({**os.environ, **env})
+
+
+def no_crash_dump_waits(env: dict[str, str]) -> dict[str, str]:
+    """SGLang 0.5.23 meets a child's exit (a failed scheduler, a capture writer's ``stop_server``, and every stop:
+    SIGTERM to the group ends the scheduler first) with crash diagnostics: it sleeps 5 s, py-spy dumps the
+    schedulers still alive, then waits 60 s for their CUDA core dumps. Where no dump can be made (no py-spy on
+    the server's PATH; CUDA_ENABLE_USER_TRIGGERED_COREDUMP not 1, as in every CPU run) that is only waiting:
+    each stop took 5.6 s, a capture that filled its disk 65 s to end. ``env``: the server's whole environment;
+    a setting of its own is kept."""
+    off = {}
+    if shutil.which("py-spy", path=env.get("PATH")) is None:
+        off["SGLANG_PYSPY_DUMP_BEFORE_CRASH"] = "0"
+    if env.get("CUDA_ENABLE_USER_TRIGGERED_COREDUMP") != "1":
+        off["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] = "0"
+    return {k: v for k, v in off.items() if k not in env}
 
 
 def server_for(cfg: Config, mode: Mode, log_path: Path, capture_dir: Path | None = None,
