@@ -252,7 +252,13 @@ def test_compose_stack_with_cpu_override(cpu_image, loop_dirs, random_control, t
                           env_file=str(env), services=["target"], wait=True)
     project = ["--project-name", stack.project_name] if getattr(stack, "project_name", None) else []
     base = [DOCKER, "compose", *project, "--env-file", str(env), "-f", "compose.yaml", "-f", "compose.cpu.yaml"]
-    with stack:
+    try:
+        stack.start()
+    except subprocess.CalledProcessError as err:  # `up --wait` saw the target exit: its own log says why
+        out, logs = stack.get_logs("target")
+        stack.stop()
+        raise AssertionError(f"{err.stderr}\ntarget's log:\n{(out + logs)[-6000:]}") from None
+    try:
         assert requests.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
         r = subprocess.run([*base, "--profile", "bench-served", "run", "--rm", "bench-served"], cwd=ROOT / "compose",
                            capture_output=True, text=True, timeout=900)
@@ -262,6 +268,8 @@ def test_compose_stack_with_cpu_override(cpu_image, loop_dirs, random_control, t
         control = random_control["acceptance"]["accept_length"]
         print(json.dumps({"trained_served_by_compose": trained, "random_control": control}))
         assert trained >= control + MARGIN, r.stdout[-3000:]
+    finally:
+        stack.stop()
     # `docker compose run extract` reads the JSONL mounted from EAGLEBOX_DATA at /data/datasets
     r = subprocess.run([*base, "--profile", "extract", "run", "--rm", "extract", "extract", "--config", "/configs/extract.yaml",
                         "extract.max_samples=8", "extract.regenerate_max_new_tokens=8", f"engine.port={free_port()}"],
