@@ -22,19 +22,22 @@ def write_shards(out: Path, tensors: Iterable[tuple[str, torch.Tensor]], shard_b
     written once it passes that) and ``model.safetensors.index.json``; at most one shard is held at a time."""
     from safetensors.torch import save_file
 
-    shards, weight_map, shard = [], {}, {}
+    shards, weight_map, shard, held = [], {}, {}, 0
 
     def flush() -> None:
+        nonlocal held
         if shard:
             name = f"model-{len(shards) + 1:05d}.safetensors"
             save_file(shard, out / name, metadata={"format": "pt"})
             weight_map.update(dict.fromkeys(shard, name))
             shards.append(name)
             shard.clear()
+            held = 0
 
     for key, t in tensors:
         shard[key] = t.contiguous()
-        if sum(v.numel() * v.element_size() for v in shard.values()) > shard_bytes:
+        held += t.numel() * t.element_size()
+        if held > shard_bytes:
             flush()
     flush()
     (out / "model.safetensors.index.json").write_text(json.dumps(

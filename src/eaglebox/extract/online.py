@@ -282,13 +282,16 @@ def check_server(first: Planned, spec: CaptureSpec, client: Client, spool: Path,
     """Capture and verify the first sample before the trainer writes anything: a server launched for
     another spec (target, engine, layers) or answering for other ids is refused here in one error, naming
     ``train.online.url`` when the server is the user's, and leaves no partial run behind."""
+    probe = OnlineSamples([first], spec, client, spool, bound, budget=None, reserve=0, server=server,
+                          keeper=keeper, rank_dir=rank_dir)
     try:
-        OnlineSamples([first], spec, client, spool, bound, budget=None, reserve=0, server=server,
-                      keeper=keeper, rank_dir=rank_dir).get(0)
+        probe.get(0)
     except ExtractError as err:
         if url is None:
             raise
         raise ExtractError(f"train.online.url={url}: {err}") from None
+    finally:
+        probe.close()
 
 
 @contextmanager
