@@ -56,7 +56,7 @@ demo: venv tiny
 check: venv tiny
 	$(EB) check --config $(CONFIG) $(ARGS)
 
-# Set-up, timed phase by phase: the venv, the CPU image's wheels, the Docker engine with its base image
+# Set-up, timed phase by phase (first a check that the disks hold it, docker/space-check.py): the venv, the CPU image's wheels, the Docker engine with its base image
 # and the GPU closure's download share nothing (downloads, apt and debootstrap, bytecode compilation),
 # so they run side by side, each
 # logged to .cache/setup-PHASE.log (its tail printed if it fails); then the suite, with its 40 slowest
@@ -70,6 +70,7 @@ LANES ?= -n 2 --dist loadgroup --no-loadscope-reorder
 # one busy core took 305 s with 2 threads and 56 s with 1 (benchmarks/results/suite-speed-cpu-2026-12-07-s21.txt)
 LANE_THREADS ?= $(shell n=$$(( $$(nproc) / 2 )); echo $$(( n > 0 ? n : 1 )))
 test:
+	@$(PYTHON) docker/space-check.py $(VENV)
 	@mkdir -p .cache; start=$$(date +%s); pids=; for phase in $(SETUP_PHASES); do \
 	  ( s=$$(date +%s); $(MAKE) --no-print-directory $$phase > .cache/setup-$$phase.log 2>&1; rc=$$?; \
 	    echo "make test: set-up phase $$phase took $$(( $$(date +%s) - s )) s (log .cache/setup-$$phase.log)"; \

@@ -134,3 +134,22 @@ def test_sm120_reader_on_a_synthetic_fatbin():
     blob = struct.pack("<IHHQ", cuda_archs.FATBIN_MAGIC, 1, 16, len(body)) + body
     assert cuda_archs.fatbin_archs(blob) == {"sm_90", "sm_120", "compute_100"}
     assert cuda_archs.has_sm120({"sm_90", "sm_120"}) and not cuda_archs.has_sm120({"sm_90", "compute_100"})
+
+
+def test_make_test_refuses_a_disk_too_small_for_its_set_up(tmp_path):
+    """On a clone whose disk cannot hold the venv and the downloads, the check names the file system, what
+    it has free and each item with its size, before anything is written (CI once ran out 77 s in)."""
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(small)]).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    try:
+        r = subprocess.run([sys.executable, str(ROOT / "docker" / "space-check.py"), ".venv"], cwd=small,
+                           capture_output=True, text=True)
+        written = list(small.iterdir())
+    finally:
+        subprocess.run(["umount", str(small)])
+    assert r.returncode != 0 and written == []
+    assert f"the file system of {small} has 0.0 GB free" in r.stderr, r.stderr
+    for item in ("the venv", "the CPU image's wheels 3.3 GB", "the GPU closure's wheels 4.8 GB", "runs"):
+        assert item in r.stderr, r.stderr
