@@ -131,8 +131,10 @@ def run_train(cfg, expected: CaptureSpec, log=print, reader=None) -> Path:
             stats = d.sum(stats).cpu()
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP: DTensor
         if d.rank == 0 and logged:
+            elapsed = time.monotonic() - t0  # in each row: a steady rate between two rows, past the warm-up
             row = {"step": step, "epoch": epoch, "lr": float(scheduler.get_last_lr()[0]), "grad_norm": float(grad_norm),
-                   **step_stats(stats, weights), "tokens_per_s": int(tokens_seen) * d.world / (time.monotonic() - t0)}
+                   **step_stats(stats, weights), "tokens_per_s": int(tokens_seen) * d.world / elapsed,
+                   "elapsed_s": round(elapsed, 3)}
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(row) + "\n")
             bar.set_postfix(loss=f"{row['loss']:.3f}", acc0=f"{row['acc_per_position'][0]:.2f}",

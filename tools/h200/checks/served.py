@@ -14,6 +14,8 @@ Stages, each skipped when its output exists (a run cut short continues where it 
    each concurrency, outputs diffed against the target's, then the other chain settings.
 4. **decode reference**: the target's decode ms/token next to a random-weights Llama-3.1-8B-shaped
    model's (``--load-format dummy``), both served plain, alternating rounds.
+5. ``--online-only`` (issue 31): after extraction, trainer tokens/s offline vs ``train.data=online`` with
+   a capture server on the same GPU, alternating rounds, and the server capturing alone (docs/served-gpu.md).
 
 A device call is at most 10 minutes and the machine goes back 30 s after one, so the stages run in a
 worker in its own session (it outlives the call); each call (``served.py --follow-s S``) starts the worker
@@ -251,6 +253,73 @@ def stage(verb: str, done: Path, *overrides: str) -> None:
         raise RuntimeError(f"eaglebox {verb} failed; see logs/{verb}.log")
 
 
+# ---------------------------------------------------------------- online against offline (issue 31, item 4)
+
+def steady_tok_s(metrics: Path, skip: int) -> float:
+    """Trainer tokens/s between its ``skip``-th logged row and its last (past process start, the first
+    batches' CUDA graphs and the loader's first fill), from the rows' tokens/s and elapsed seconds."""
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    a, b = rows[min(skip, len(rows) - 2)], rows[-1]
+    return (b["tokens_per_s"] * b["elapsed_s"] - a["tokens_per_s"] * a["elapsed_s"]) / (b["elapsed_s"] - a["elapsed_s"])
+
+
+def capture_alone_tok_s(cfg, samples: int) -> float:
+    """The running capture server alone over the first ``samples`` samples in batches, as the loader asks
+    (``OnlineSamples.get_many``, ``train.loader_threads`` batches ahead): what it supplies when nothing else
+    uses the GPU."""
+    from eaglebox.extract.online import online_samples
+    from eaglebox.shards.spec import capture_spec
+    from eaglebox.train.data import prefetch
+
+    b = cfg.train.batch_size
+    with online_samples(cfg, capture_spec(cfg), log=lambda *m: None) as s:
+        batches = [list(range(i, i + b)) for i in range(0, min(samples, len(s)) - b + 1, b)]
+        t0 = time.monotonic()
+        for _ in prefetch(s.get_many, batches, cfg.train.loader_threads):
+            pass
+        return sum(s.rows(i) for batch in batches for i in batch) / (time.monotonic() - t0)
+
+
+def stage_online(rounds: int, steps: int, mem_fraction: float) -> None:
+    """``eaglebox train`` on the extracted shards (offline) and with ``train.data=online`` against one
+    capture server on the same GPU (the same samples: extract's, its regenerated answers cached), in
+    alternating rounds of ``steps`` steps from scratch with no held-out evaluation; plus the server capturing
+    alone. The server takes ``mem_fraction`` of the GPU, the trainer the rest; each round is saved as it ends."""
+    from eaglebox.engine.launch import server_for
+    from eaglebox.shards.spec import capture_spec
+
+    res = RESULT.setdefault("online", {"rounds": []})
+    if res.get("done"):
+        return
+    shared = [f"extract.max_samples={RESULT['disk']['max_samples']}", f"engine.mem_fraction_static={mem_fraction}",
+              "engine.max_total_tokens=100000", f"train.max_steps={steps}", "train.heldout_share=0",
+              "train.export=last", f"train.checkpoint_every={steps}", "train.log_every=5"]
+    spool = WORK / "online-spool"
+    cfg = cfg_now(*shared, "train.data=online", f"train.online.spool_dir={spool}")
+    res.update(steps=steps, mem_fraction_static=mem_fraction, overrides=shared)
+    with server_for(cfg, "capture", WORK / "logs" / "online-capture-server.log", capture_dir=spool,
+                    layer_ids=list(capture_spec(cfg).layers.layer_ids)) as srv:
+        log(f"online: capture server up in {srv.startup_s:.0f} s (mem_fraction_static {mem_fraction})")
+        online = [*shared, "train.data=online", f"train.online.url={srv.url}", f"train.online.spool_dir={spool}"]
+        for rnd in range(len(res["rounds"]) + 1, rounds + 1):
+            row = {"round": rnd}
+            modes = [("offline", shared), ("online", online)]
+            for mode, overrides in modes[::-1] if rnd % 2 == 0 else modes:
+                out = WORK / f"online-r{rnd}-{mode}"
+                shutil.rmtree(out, ignore_errors=True)
+                if eaglebox("train", *overrides, f"train.output_dir={out}", log_name=f"online-r{rnd}-{mode}"):
+                    raise RuntimeError(f"online stage: eaglebox train ({mode}) failed; see logs/online-r{rnd}-{mode}.log")
+                row[f"{mode}_tok_s"] = round(steady_tok_s(out / "metrics.jsonl", skip=2))
+            row["capture_alone_tok_s"] = round(capture_alone_tok_s(cfg_now(*online), steps * cfg.train.batch_size))
+            row["online_over_offline"] = round(row["online_tok_s"] / row["offline_tok_s"], 3)
+            res["rounds"].append(row)
+            log(f"online round {rnd}: {row}")
+            save()
+    ratios = [r["online_over_offline"] for r in res["rounds"]]
+    res.update(median=sorted(ratios)[len(ratios) // 2], worst=min(ratios), done=True)
+    save()
+
+
 # ---------------------------------------------------------------- decode reference
 
 def llama8b_shape() -> Path:
@@ -353,6 +422,10 @@ def work(a) -> None:
         manifest = Path(cfg.extract.output_dir) / "manifest.json"
         if not manifest.exists():  # a resumed worker keeps the disk figures the extraction ran with
             stage("extract", manifest, *a.extract_overrides, fit_samples(cfg_now(*a.extract_overrides)))
+        if a.online_only:
+            stage_online(a.online_rounds, a.online_steps, a.online_mem_fraction)
+            RESULT["done"] = True
+            return
         stage("train", Path(cfg.serve.draft_path) / "config.json", *a.train_overrides)
         try:
             if DEVICE == "cuda":  # on the CPU, speculation runs Triton's interpreter: minutes a token at 32 layers
@@ -404,6 +477,12 @@ def main() -> None:
     ap.add_argument("--no-decode-reference", dest="decode_reference", action="store_false")
     ap.add_argument("--decode-reference-only", action="store_true",
                     help="only the decode cost: the target's shape and Llama-3.1-8B's, random weights, side by side")
+    ap.add_argument("--online-only", action="store_true",
+                    help="issue 31: after extract, only trainer tokens/s online vs offline (no draft training, no bench)")
+    ap.add_argument("--online-rounds", type=int, default=3)
+    ap.add_argument("--online-steps", type=int, default=60)
+    ap.add_argument("--online-mem-fraction", type=float, default=0.45,
+                    help="the capture server's engine.mem_fraction_static beside the trainer")
     ap.add_argument("--smoke", action="store_true",
                     help="on the CPU, a tiny width and no bench (pass a CPU --config): the flow, not the figures")
     ap.add_argument("--work", type=Path, default=WORK)
