@@ -109,6 +109,9 @@ class Bench:
                        "first_difference_top2": []}
 
     def save(self) -> None:
+        """Rewritten after every measurement, with the summary of what is measured so far: a bench cut
+        short (a device taken back, a budget spent) still reads as one."""
+        self.report["summary"] = summarize(self.report)
         self.out_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.out_dir / "bench.json.tmp"
         tmp.write_text(json.dumps(self.report, indent=1) + "\n")
@@ -188,7 +191,6 @@ class Bench:
         trained = [e for e in self.report["equality"] if e["server"].startswith("trained")]
         self.report["outputs_equal_target_greedy"] = (not any(e["differing_tokens"] for e in trained)
                                                       if trained else None)
-        self.report["summary"] = summarize(self.report)
         self.save()
         plot_bench(self.report, self.out_dir / "bench.png")
         return self.report
@@ -208,8 +210,6 @@ class Bench:
                 self.log(f"bench: target server healthy after {target.startup_s:.0f} s")
             for i in range(0, len(self.variants), per):
                 self.batch(target_url, self.variants[i:i + per])
-                self.report["summary"] = summarize(self.report)
-                self.save()
 
 
 def device_name(e: EngineConfig) -> str:
