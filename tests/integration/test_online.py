@@ -1,12 +1,13 @@
 """Online and hybrid training (issue 31, one host): the trainer captures each sample through a real SGLang
-capture server as its loader needs it, over the server's own files. Five server starts in all (the suite's
+capture server as its loader needs it, over the server's own files. Seven server starts in all (the suite's
 time): one started by the module for ``train.online.url``, and those of the trainer's own runs in the long
 test: an online run whose server is killed -9 (restarted by the trainer) and which is itself killed -9,
 resumed as hybrid until its server is killed past ``train.online.restarts``, resumed again through the
 module's server; its loss curve equals the offline run's on the same samples, and the spool never holds
 more than the budget. Then two torchrun ranks: rank 0's server, killed -9 with the run, resumed through
-the module's server, the two-rank offline curve. The refusals of a server at ``train.online.url`` run
-against the module's server."""
+the module's server, the two-rank offline curve; and two ranks online whose server alone is killed -9
+(restarted by rank 0, waited for by rank 1), the same curve (the offline two-rank run made once for both).
+The refusals of a server at ``train.online.url`` run against the module's server."""
 
 import json
 import os
