@@ -1,12 +1,13 @@
 """Online and hybrid training (issue 31, one host): the trainer captures each sample through a real SGLang
-capture server as its loader needs it, over the server's own files. Five server starts in all (the suite's
+capture server as its loader needs it, over the server's own files. Seven server starts in all (the suite's
 time): one started by the module for ``train.online.url``, and those of the trainer's own runs in the long
 test: an online run whose server is killed -9 (restarted by the trainer) and which is itself killed -9,
 resumed as hybrid until its server is killed past ``train.online.restarts``, resumed again through the
 module's server; its loss curve equals the offline run's on the same samples, and the spool never holds
 more than the budget. Then two torchrun ranks: rank 0's server, killed -9 with the run, resumed through
-the module's server, the two-rank offline curve. The refusals of a server at ``train.online.url`` run
-against the module's server."""
+the module's server, the two-rank offline curve; and two ranks online whose server alone is killed -9
+(restarted by rank 0, waited for by rank 1), the same curve (the offline two-rank run made once for both).
+The refusals of a server at ``train.online.url`` run against the module's server."""
 
 import json
 import os
@@ -269,21 +270,47 @@ def test_a_sample_file_with_other_ids_than_were_sent_is_refused_naming_it(tiny_s
     assert list(spool.iterdir()) == []
 
 
+RANKS = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+PER_RANK = ["train.batch_size=4", "train.loader_threads=2"]  # global batch 8: 8 steps an epoch, as above
+
+
+def ranks_env():
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def ranks_cmd(out, *extra):
+    """``eaglebox train`` under torchrun, two ranks (gloo), each with half of the one-rank batch."""
+    return [*RANKS, *train_cmd(out, *PER_RANK, *extra)[1:]]
+
+
+@pytest.fixture(scope="module")
+def two_rank_offline(tiny_shards, tmp_path_factory):
+    """The two-rank reference, once for the module: two ranks trained offline on the same samples, 24 steps."""
+    out = tmp_path_factory.mktemp("two-ranks") / "offline"
+    return offline_losses(ranks_cmd(out, f"extract.output_dir={tiny_shards}"), out, ranks_env())
+
+
+def kill_job(proc):
+    """kill -9 of a torchrun job: the launcher, its ranks (each in a session of its own) and their children."""
+    try:
+        job = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return
+    for p in job:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(job, timeout=60)
+
+
 def test_two_ranks_share_one_server_and_train_the_offline_two_rank_curve_within_the_budget(
-        tiny_shards, url_server, tmp_path):
+        tiny_shards, url_server, two_rank_offline, tmp_path):
     """Two torchrun ranks (gloo), hybrid: rank 0 starts the capture server both ranks use, the run is killed -9
     (launcher, ranks and that server) after its checkpoint at step 4 and resumed through the server at
     train.online.url. Each rank captures its own slice of each batch into its own folder; the losses are
     exactly those of two ranks offline on the same samples, and the whole spool stays under the budget."""
-    ranks = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
-    per_rank = ["train.batch_size=4", "train.loader_threads=2"]  # global batch 8: 8 steps an epoch, as above
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-    def cmd(out, *extra):
-        return [*ranks, *train_cmd(out, *per_rank, *extra)[1:]]
-
-    want = offline_losses(cmd(tmp_path / "offline", f"extract.output_dir={tiny_shards}"), tmp_path / "offline", env)
-
+    env, cmd, want = ranks_env(), ranks_cmd, two_rank_offline
     url, spool, _ = url_server
     out = tmp_path / "hybrid"
     # each rank has half: room for its 5 samples in flight (1.98 MB) and about 1 MB kept
@@ -327,3 +354,36 @@ def test_two_ranks_share_one_server_and_train_the_offline_two_rank_curve_within_
     for d in spool.iterdir():
         assert [p.name for p in d.iterdir()] == ["kept"] and any((d / "kept").iterdir()), d
         shutil.rmtree(d)  # the module's server's spool, as the other tests expect it
+
+
+def test_two_ranks_send_their_samples_in_flight_again_when_rank_0_restarts_the_killed_server(
+        tiny_shards, two_rank_offline, tmp_path):
+    """Two torchrun ranks online, rank 0's capture server killed -9 alone mid-epoch (the trainer lives on):
+    rank 0 restarts it; rank 1, which did not start it, sees its port close, waits for it to listen again
+    and sends its samples in flight again. The run ends with exactly the two-rank offline losses."""
+    out = tmp_path / "online"
+    # the client's retries (0.1 + 0.2 + ... + 1.6 s) end long before the restarted server listens (~25 s
+    # here, minutes for a large target): rank 1's samples in flight get through only if it waits for it
+    online = [f"extract.output_dir={extract_dir(tiny_shards, tmp_path)}", *SAMPLES, "train.data=online",
+              "extract.retry_backoff_s=0.1", f"engine.port={free_port()}"]
+    log_path = tmp_path / "run.log"
+    with open(log_path, "w") as f:
+        run = subprocess.Popen(ranks_cmd(out, *online), cwd=ROOT, env=ranks_env(), stdout=f,
+                               stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: steps_logged(out) >= 2, run, "step 2")
+        (server,) = [p for p in psutil.Process(run.pid).children(recursive=True)
+                     if "sglang.launch_server" in p.cmdline()]
+        os.killpg(server.pid, signal.SIGKILL)  # the server and its scheduler, mid-epoch (8 steps an epoch)
+        run.wait(timeout=900)
+    finally:
+        kill_job(run)
+        run.wait()
+    log = log_path.read_text()
+    assert run.returncode == 0 and "Traceback" not in log, log[-4000:]
+    assert "the capture server exited" in log and "restarting it (1 of 3)" in log, log[-4000:]
+    assert "train: rank1: the capture server at http://" in log, log[-4000:]  # rank 1 saw it go and come back
+    assert losses(out) == two_rank_offline  # exactly: the same samples on the same ranks in the same order
+    assert json.loads((out / "report.json").read_text())["data"]["server_restarts"] == 1  # rank 0's
+    assert sorted(p.name for p in (out / "spool").iterdir()) == ["rank0", "rank1"]
+    assert not any((out / "spool").rglob("*.safetensors"))  # nothing in flight left behind

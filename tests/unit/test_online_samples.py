@@ -9,7 +9,7 @@ import pytest
 
 from conftest import small_spec
 from eaglebox.extract import ExtractError
-from eaglebox.extract.online import KEPT, OnlineSamples, clean_other_ranks, clean_spool
+from eaglebox.extract.online import KEPT, Listening, OnlineSamples, clean_other_ranks, clean_spool
 from eaglebox.extract.plan import Planned, sample_id
 from eaglebox.shards.format import samples_digest
 
@@ -88,3 +88,27 @@ def test_hybrid_without_a_budget_and_a_budget_below_the_samples_in_flight_are_re
         with online_samples(cfg, capture_spec(cfg), rank=0, world=2):
             pass
     assert not (tmp_path / "train").exists()
+
+
+def test_another_rank_tells_its_own_failures_from_rank_0s_server_gone_and_names_the_url_when_it_stays_gone(tmp_path):
+    """A rank that did not start the server watches its port: a failure while it listens is the attempt's
+    own (raised as it is); once it closed, the rank waits ``wait_s`` for it to answer again, then stops
+    naming the url and the wait. (The restart itself: tests/integration/test_online.py.)"""
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    watch, said = Listening(url, every_s=0), []
+    samples = OnlineSamples(planned(small_spec()), small_spec(), None, tmp_path / "spool", None, budget=None,
+                            reserve=0, rank_dir="rank1", shared=watch, wait_s=1, log=said.append)
+    own = ExtractError("sample at line 1: HTTP 400")
+    assert watch() and watch.closed == 0
+    with pytest.raises(ExtractError) as raised:
+        samples._await_restart(0, own)
+    assert raised.value is own and said == []
+    listener.close()
+    assert not watch() and watch.closed == 1
+    with pytest.raises(ExtractError, match=rf"^the capture server at {url}, started by rank 0, stopped listening and "
+                                           r"did not answer again within 1 s \(engine.startup_timeout_s\)"):
+        samples._await_restart(0, own)
+    assert said and said[0].startswith(f"train: rank1: the capture server at {url} stopped listening"), said

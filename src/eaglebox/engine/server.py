@@ -64,7 +64,7 @@ class SGLangServer:
         """Starts the process and returns at once (:meth:`wait` for health): servers sharing a GPU start
         side by side."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        if _healthy(self.url):
+        if healthy(self.url):
             raise ServerError(f"something already answers on {self.url}; stop it or choose another engine.port")
         log = open(self.log_path, "ab")
         t0 = time.monotonic()
@@ -80,7 +80,7 @@ class SGLangServer:
     def wait(self) -> SGLangServer:
         t0 = self._t0
         try:
-            while not _healthy(self.url):
+            while not healthy(self.url):
                 if self.proc.poll() is not None:
                     raise ServerError(f"SGLang exited with code {self.proc.returncode} before it was healthy; "
                                       f"last lines of {self.log_path}:\n{tail(self.log_path)}")
@@ -135,7 +135,18 @@ def die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _healthy(url: str) -> bool:
+def port_open(host: str, port: int, timeout_s: float = 1) -> bool:
+    """Whether something listens on ``host:port`` (one TCP connect, nothing sent): how a process that did not
+    start a server sees it go (a kill -9 closes its port at once) without asking it anything."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+def healthy(url: str) -> bool:
+    """Whether the server at ``url`` answers ``/health`` (what :meth:`SGLangServer.wait` waits for)."""
     try:
         return requests.get(url + "/health", timeout=2).status_code == 200
     except requests.RequestException:

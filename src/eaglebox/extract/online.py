@@ -23,8 +23,10 @@ times, and the samples in flight are sent again; a server at ``train.online.url`
 client's retries. Either way the run stops with one error naming the cause when it cannot go on.
 
 Under ``torchrun`` every rank captures only the samples its own slice of each batch needs, through one
-server: rank 0 starts it (and restarts it; the other ranks wait for it with the client's retries, as for
-``train.online.url``) or all use ``train.online.url``. Each rank's files live in ``spool/rank<R>/`` (the
+server: rank 0 starts it (and restarts it) or all use ``train.online.url``. The other ranks cannot poll rank
+0's server process; they watch its port (:class:`Listening`): when it closes, they wait up to
+``engine.startup_timeout_s`` for rank 0's restart to answer ``/health`` and send their samples in flight
+again, or stop naming the url and the wait. Each rank's files live in ``spool/rank<R>/`` (the
 request names the file, so two ranks never share one, even when an epoch's last batch on one rank and the
 next epoch's first on another hold the same sample), and each rank gets ``budget_bytes / world`` of the
 budget, so the whole spool stays under it.
@@ -36,13 +38,16 @@ import os
 import re
 import shutil
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import torch
 
+from eaglebox.engine.server import healthy, port_open
 from eaglebox.extract import ExtractError
 from eaglebox.extract.commit import drop_partial_files, feature_bound, verify_staged, wait_for_files
 from eaglebox.extract.http import Client, capture_one
@@ -99,20 +104,50 @@ def rank_dir(rank: int, world: int) -> str:
     return f"rank{rank}" if world > 1 else ""
 
 
+class Listening:
+    """Rank 0's capture server as another rank sees it (it cannot poll a process it did not start): up while
+    its port accepts a TCP connection, checked at most every ``every_s`` however many threads ask (a file
+    wait asks every 5 ms); ``closed`` counts the checks that found it closed."""
+
+    def __init__(self, url: str, every_s: float = 0.2):
+        u = urlsplit(url)
+        self.url, self.host, self.port, self.every_s = url, u.hostname, u.port, every_s
+        self.closed = 0
+        self._up, self._at = True, float("-inf")
+        self._lock = threading.Lock()
+
+    def __call__(self) -> bool:
+        with self._lock:
+            if time.monotonic() - self._at < self.every_s:
+                return self._up
+        return self.check()
+
+    def check(self) -> bool:
+        """Whether it listens, asked now."""
+        up = port_open(self.host, self.port)
+        with self._lock:
+            self._up, self._at = up, time.monotonic()
+            self.closed += not up
+        return up
+
+
 class OnlineSamples:
     """:class:`~eaglebox.shards.format.ShardReader`'s interface (``len``, ``get``, ``ids_and_mask``,
     ``rows``, ``capture``, ``digest``, ``report``) over samples captured on demand. ``budget`` None keeps
     nothing (online); otherwise samples are kept in ``kept/`` of its folder while kept + ``reserve`` fits in it.
     ``concurrency`` bounds the captures :meth:`get_many` has in flight, over all the threads that call it.
-    ``spool`` is the server's capture directory; this reader's files are in ``spool/rank_dir``."""
+    ``spool`` is the server's capture directory; this reader's files are in ``spool/rank_dir``. ``server``: the
+    one this rank started, restarted up to ``restarts`` times; ``shared``: rank 0's, waited for up to
+    ``wait_s`` when its port closes."""
 
     def __init__(self, planned: list[Planned], spec: CaptureSpec, client: Client, spool: Path, bound: float | None, *,
                  budget: int | None, reserve: int, concurrency: int = 1, server=None,
-                 keeper: ThreadPoolExecutor | None = None, restarts: int = 0, rank_dir: str = "", log=print):
+                 keeper: ThreadPoolExecutor | None = None, restarts: int = 0, rank_dir: str = "",
+                 shared: Listening | None = None, wait_s: float = 900, log=print):
         self.capture, self.client, self.spool, self.bound = spec, client, Path(spool), bound
         self.rank_dir, self.folder = rank_dir, Path(spool) / rank_dir
         self.budget, self.reserve, self.server, self.keeper = budget, reserve, server, keeper
-        self.restarts, self.log = restarts, log
+        self.restarts, self.shared, self.wait_s, self.log = restarts, shared, wait_s, log
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="eaglebox-capture")
         # the plan as flat tensors (ShardReader's index holds them so too): 9 bytes a token, not Python lists
         self._sids = [p.id for p in planned]
@@ -216,15 +251,19 @@ class OnlineSamples:
     def _capture(self, p: Planned) -> dict[str, torch.Tensor]:
         path = self.folder / f"{p.id}.safetensors"
         while True:
-            generation = self._generation
+            generation, closed = self._generation, self.shared.closed if self.shared else 0
             try:
                 capture_one(self.client, p, f"{self.rank_dir}/{p.id}" if self.rank_dir else p.id)
                 wait_for_files([(path, f"sample at line {p.line}")], alive=self._alive)
                 break
             except ExtractError as err:
-                if self.server is None:
+                if self.server is not None:
+                    self._restart(generation, err)
+                elif self.shared is not None:
+                    self._await_restart(closed, err)
+                else:
                     raise  # a server at train.online.url: the client's retries were the wait
-                self._restart(generation, err)
+            path.unlink(missing_ok=True)  # what the dead server wrote of it, if anything: the new one writes it
         size = path.stat().st_size
         with self._lock:
             self._in_flight += size
@@ -244,7 +283,35 @@ class OnlineSamples:
                 self._in_flight -= size
 
     def _alive(self) -> bool:
-        return self.server is None or self.server.alive()
+        if self.server is not None:
+            return self.server.alive()
+        return self.shared is None or self.shared()
+
+    def _await_restart(self, closed: int, err: Exception) -> None:
+        """Another rank's side of rank 0's restart: re-raise ``err`` when rank 0's server kept listening
+        through the attempt (``closed`` checks before it; a failure of its own); otherwise wait, once for all
+        this rank's threads, up to ``wait_s`` for it to answer ``/health`` again, and try again."""
+        s = self.shared
+        if s.closed == closed and s.check():
+            time.sleep(0.5)  # a kill -9 resets the connections as it closes the port: look again
+            if s.check():
+                raise err
+        with self._restart_lock:
+            if healthy(s.url):
+                return  # back (another thread of this rank waited for it): try again
+            self.log(f"train: {self.rank_dir}: the capture server at {s.url} stopped listening ({err}); waiting up "
+                     f"to {self.wait_s:.0f} s (engine.startup_timeout_s) for rank 0 to start it again, then "
+                     "sending this rank's samples in flight again")
+            t0 = time.monotonic()
+            while not healthy(s.url):
+                if time.monotonic() - t0 > self.wait_s:
+                    raise ExtractError(f"the capture server at {s.url}, started by rank 0, stopped listening and did "
+                                       f"not answer again within {self.wait_s:.0f} s (engine.startup_timeout_s); "
+                                       "rank 0's output and its capture-server.log say why") from err
+                time.sleep(0.5)
+            s.check()
+            self.log(f"train: {self.rank_dir}: the capture server at {s.url} answers again after "
+                     f"{time.monotonic() - t0:.0f} s")
 
     def _restart(self, generation: int, err: Exception) -> None:
         """Start the server again, once for all the threads whose attempt (begun in ``generation``) failed
@@ -317,7 +384,7 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
         raise ExtractError(f"train.online.budget_bytes={o.budget_bytes:,} cannot hold the samples in flight: "
                            f"{flying} (extract.concurrency, at most train.loader_threads x train.batch_size, + 1) "
                            f"of up to {e.max_length} tokens (extract.max_length) are {reserve:,} bytes{split}")
-    log = log if rank == 0 else (lambda *a: None)
+    say, log = log, log if rank == 0 else (lambda *a: None)  # say: what each rank tells of its own samples
     tokenizer = load_tokenizer(cfg.model)
     plan = prepare(e, spec, tokenizer, log, store=False)
     bound = feature_bound(cfg.model.path)
@@ -327,7 +394,7 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
     server = None if o.url or rank else capture_server(cfg, spec, Path(t.output_dir) / "capture-server.log",
                                                       capture_dir=spool)
     keeper = ThreadPoolExecutor(1, thread_name_prefix="eaglebox-capture-server")
-    samples = None
+    samples = shared = None
     try:
         if rank == 0:
             try:
@@ -346,14 +413,17 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
             url = share(None)
             if url is None:
                 raise ExtractError("rank 0 could not start the capture server or plan the samples (its error says why)")
-            alive = lambda: True  # noqa: E731 - rank 0's server, waited for with the client's retries
+            # rank 0's server: this rank sees it stop as its port closes and waits for rank 0's restart; a
+            # server at train.online.url is waited for with the client's retries
+            shared = None if o.url else Listening(url)
+            alive = shared or (lambda: True)
             planned = planned_samples(e, url, spec, tokenizer, plan, alive=alive, log=log)
         client = Client(url, e.max_retries, e.retry_backoff_s, alive)
         check_server(planned[0], spec, client, spool, bound, o.url, server, keeper, mine)
         samples = OnlineSamples(planned, spec, client, spool, bound,
                                 budget=budget if t.data == "hybrid" else None, reserve=reserve,
                                 concurrency=e.concurrency, server=server, keeper=keeper, restarts=o.restarts,
-                                rank_dir=mine, log=log)
+                                rank_dir=mine, shared=shared, wait_s=cfg.engine.startup_timeout_s, log=say)
         log(f"train: {t.data}: {len(samples)} samples captured as the loader needs them"
             + (f" ({world} ranks, each its own slice of each batch, files in {spool}/rank<R>/)" if world > 1 else "")
             + (f"; up to {budget:,} bytes a rank kept in {spool / mine / KEPT} "
