@@ -5,8 +5,9 @@ Started by :class:`eaglebox.capture.sink.CaptureSink` as
 shared memory (``MEMFD``), reads one message per completed sample from ``SOCKET`` (the region's offset, the
 sample's name, where the ids and rows lie in the region, the capture header), has one of ``WRITERS``
 threads write it (:func:`eaglebox.capture.sink.write_sample`: the same bytes as ever) through the
-transport (:func:`eaglebox.shards.transport.sink_transport`: the file ``OUT_DIR/<name>.safetensors``, or
-the key ``<name>`` in the Mooncake store when the server was launched with its settings), and answers
+transport (:class:`eaglebox.shards.transport.SinkTransport`: the file ``OUT_DIR/<name>.safetensors``, or
+for a name ``mooncake:<key>`` the key in the Mooncake store, when the server was launched with its settings),
+and answers
 (offset, error or None, seconds hashing, seconds writing); the sink then reuses the region.
 
 Its own interpreter, so its threads wait for no one's GIL. It dies with the thread of the scheduler
@@ -35,7 +36,7 @@ def main(argv: list[str]) -> None:
     import torch
 
     from eaglebox.capture.sink import region_views, write_sample
-    from eaglebox.shards.transport import sink_transport
+    from eaglebox.shards.transport import SinkTransport
 
     torch.set_num_threads(1)  # parallel across samples (the writer threads), not within one
     mm = mmap.mmap(memfd, os.fstat(memfd).st_size)
@@ -43,7 +44,7 @@ def main(argv: list[str]) -> None:
     base = torch.frombuffer(mm, dtype=torch.uint8)
     conn = Connection(sock)
     out_dir = Path(argv[5])
-    transport = sink_transport(out_dir)  # Mooncake: connects (and mounts its segment) before any sample
+    transport = SinkTransport(out_dir)  # with Mooncake settings: connects and mounts its segment first
     jobs: queue.Queue = queue.Queue()
     answer = threading.Lock()
 

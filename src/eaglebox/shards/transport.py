@@ -17,7 +17,9 @@ is ``dest``). :class:`MooncakeTransport` is the Mooncake store (``mooncake-trans
 hosts that share no file system: the server's writer process mounts ``segment_bytes`` of its memory into
 the store and puts each sample under the key ``<key_prefix>/<name>``; the trainer (which mounts nothing)
 gets it by key over Mooncake's TCP transfer engine, writes it to its local spool and removes the key.
-The server learns the store's settings from ``EAGLEBOX_CAPTURE_MOONCAKE`` (:func:`server_env`).
+The server learns the store's settings from ``EAGLEBOX_CAPTURE_MOONCAKE`` (:func:`server_env`), and takes
+each request's transport from its name (:class:`SinkTransport`: ``mooncake:<key>`` or a file's name), so one
+server launched with those settings feeds trainers of either transport.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from eaglebox.errors import EagleboxError
 from eaglebox.shards.format import atomic_file
 
 ENV = "EAGLEBOX_CAPTURE_MOONCAKE"
+SCHEME = "mooncake:"
+"""What a request's name starts with when its sample goes to the Mooncake store (the rest is the key)."""
 PACKAGE = "mooncake-transfer-engine-non-cuda==0.3.13.post1"
 MIN_SEGMENT_BYTES = 16 << 20
 """Mooncake 0.3.13 refuses a smaller segment at ``setup`` ("Total size must be at least 16777216")."""
@@ -158,10 +162,11 @@ class MooncakeTransport:
                 time.sleep(0.2)
 
     def request_name(self, name: str) -> str:
-        return f"{self.prefix}/{name}"
+        return f"{SCHEME}{self.prefix}/{name}"
 
     def put(self, name: str, blobs: list, wait_s: float = 300) -> None:
         """Store one sample under ``name``; while no segment has room (the trainer frees as it reads), wait."""
+        name = name.removeprefix(SCHEME)
         deadline = time.monotonic() + wait_s
         while (rc := self.store.put_parts(name, *blobs)) == NO_SPACE and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -171,6 +176,7 @@ class MooncakeTransport:
                                  + (f" (no room in {wait_s:.0f} s)" if rc == NO_SPACE else ""))
 
     def fetch(self, name: str, dest: Path, alive=lambda: True, wait_s: float = 120) -> None:
+        name = name.removeprefix(SCHEME)
         got: list[bytes] = []
 
         def ready() -> bool:
@@ -196,8 +202,22 @@ class MooncakeTransport:
         self.store.close()
 
 
-def sink_transport(folder: str | Path):
-    """The server's side: Mooncake when the server was launched with its settings (:func:`server_env`),
-    else the capture directory ``folder``."""
-    raw = os.environ.get(ENV)
-    return MooncakeTransport(json.loads(raw), mount=True) if raw else FileTransport(folder)
+class SinkTransport:
+    """The server's side: a request named ``mooncake:<key>`` (:meth:`MooncakeTransport.request_name`) goes to
+    the Mooncake store, when the server was launched with its settings (:func:`server_env`; its writer
+    process then connects and mounts its segment at start); any other to the capture directory ``folder``.
+    So one server feeds trainers of either transport."""
+
+    def __init__(self, folder: str | Path):
+        raw = os.environ.get(ENV)
+        self.files = FileTransport(folder)
+        self.store = MooncakeTransport(json.loads(raw), mount=True) if raw else None
+
+    def put(self, name: str, blobs: list) -> None:
+        if not name.startswith(SCHEME):
+            return self.files.put(name, blobs)
+        if self.store is None:
+            raise TransportError(f"{name}: this capture server was launched without Mooncake settings (a trainer with "
+                                 "train.online.transport: mooncake starts its own with them; a server at "
+                                 "train.online.url must be launched with them too)")
+        self.store.put(name, blobs)
