@@ -1,7 +1,10 @@
 """Online training's samples (``train.data: online | hybrid``, issue 31 on one host): each sample is
 captured when the trainer's loader needs it, verified as extraction verifies it, read, and deleted.
 
-The transport on one host is the capture server's own files: the server is launched exactly as
+The transport (:mod:`eaglebox.shards.transport`, ``train.online.transport``) is the capture server's own files
+on one host (below), or across hosts the Mooncake store: the server's writer puts each sample's bytes (the same
+file) under a key, the transport's ``fetch`` gets them into this trainer's spool as that file and removes the
+key, and from there a sample is checked and read as below. The server is launched exactly as
 ``eaglebox extract`` launches it (:func:`~eaglebox.extract.run.capture_server`: same spec, radix cache
 off), with the spool as its capture directory. :meth:`OnlineSamples.get` sends one sample
 (:func:`~eaglebox.extract.http.capture_one`: rows == prompt tokens), waits for its file, checks it as a
