@@ -165,10 +165,12 @@ class MooncakeTransport:
         return f"{SCHEME}{self.prefix}/{name}"
 
     def put(self, name: str, blobs: list, wait_s: float = 300) -> None:
-        """Store one sample under ``name``; while no segment has room (the trainer frees as it reads), wait."""
+        """Store one sample under ``name``, replacing what is there (the last capture of a sample wins, as a file
+        renamed over another; a plain ``put`` to an existing key keeps the old bytes and says 0); while no
+        segment has room (the trainer frees as it reads), wait."""
         name = name.removeprefix(SCHEME)
         deadline = time.monotonic() + wait_s
-        while (rc := self.store.put_parts(name, *blobs)) == NO_SPACE and time.monotonic() < deadline:
+        while (rc := self.store.upsert_parts(name, *blobs)) == NO_SPACE and time.monotonic() < deadline:
             time.sleep(0.05)
         if rc != 0:
             size = sum(len(memoryview(b).cast("B")) for b in blobs)
