@@ -21,6 +21,9 @@ venv: $(STAMP)
 
 # SGLang's run-time list without its CUDA-only packages, then SGLang itself with --no-deps, then
 # eaglebox (editable) and its activation in this venv: capture hook + the CPU sgl_kernel stand-in.
+# requirements/dev.txt carries eaglebox's extras, `mooncake` among them (train.online.transport: mooncake:
+# a 46 MB wheel, 141 MB installed, 1.5 s by uv; it loads the system package libibverbs1, which
+# docker/engine-setup.sh installs in make test's set-up).
 # Installed by uv (parallel downloads: pip took 4.8x as long, median of 3 rounds, on a 2-core machine:
 # benchmarks/results/venv-install-cpu.txt). --compile-bytecode:
 # uv writes no .pyc, and where PYTHONDONTWRITEBYTECODE is set (CI) nothing else does either, so every

@@ -7,9 +7,16 @@ set -euo pipefail
 VENV=${1:-}
 BASE_TAG=${EAGLEBOX_CPU_BASE:-local/debian:bookworm}
 
+# System packages: the engine, debootstrap, and libibverbs1, which the venv's Mooncake store
+# (train.online.transport: mooncake) loads at import even for TCP (2.2 MB installed with its dependencies).
+pkgs=()
 if ! command -v dockerd >/dev/null || ! command -v debootstrap >/dev/null || [ ! -x /usr/bin/docker ]; then
+  pkgs+=(docker.io debootstrap)
+fi
+ldconfig -p | grep 'libibverbs\.so\.1 ' >/dev/null || pkgs+=(libibverbs1)  # no -q: pipefail and SIGPIPE
+if [ ${#pkgs[@]} -gt 0 ]; then
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io debootstrap >/dev/null
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${pkgs[@]}" >/dev/null
 fi
 
 if ! /usr/bin/docker info >/dev/null 2>&1; then

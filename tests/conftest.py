@@ -125,6 +125,78 @@ def tiny_shards(tiny_target, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def offline_curve(tiny_shards, tmp_path_factory):
+    """The reference of the online tests (``test_online.py``, ``test_online_mooncake.py``): their samples
+    trained from ``tiny_shards``, 24 steps; (its output folder, its losses)."""
+    from test_online import offline_losses, train_cmd
+
+    out = tmp_path_factory.mktemp("offline") / "offline"
+    return out, offline_losses(train_cmd(out, f"extract.output_dir={tiny_shards}"), out)
+
+
+@pytest.fixture(scope="session")
+def mooncake_master(tmp_path_factory):
+    """A real ``mooncake_master`` (the Mooncake package's own binary) on loopback; its ``host:port``."""
+    import socket
+    import subprocess
+    import time
+
+    import mooncake
+
+    port = free_port()
+    log = tmp_path_factory.mktemp("mooncake") / "master.log"
+    with open(log, "w") as f:
+        proc = subprocess.Popen([str(Path(mooncake.__file__).parent / "mooncake_master"), f"--rpc_port={port}",
+                                 "--rpc_address=127.0.0.1", "--metrics_host=127.0.0.1", f"--metrics_port={free_port()}",
+                                 "--enable_metric_reporting=false", "--rpc_thread_num=4"],
+                                stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert proc.poll() is None, log.read_text()[-2000:]
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"mooncake_master not up in 30 s: {log.read_text()[-2000:]}"
+                time.sleep(0.05)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="session")
+def url_server(tiny_target, tiny_cfg_path, mooncake_master, tmp_path_factory):
+    """A capture server started as ``eaglebox train`` starts its own (same spec and flags), left running for
+    ``train.online.url`` (``test_online.py``, ``test_online_mooncake.py``); launched with Mooncake settings, so
+    it serves trainers of either transport; (its url, its capture directory: the spool of the file runs that
+    use it, its pid)."""
+    from test_online import SAMPLES
+
+    from eaglebox.config import load_config
+    from eaglebox.extract.run import capture_server
+    from eaglebox.shards.spec import capture_spec
+    from eaglebox.shards.transport import server_env
+
+    spool = tmp_path_factory.mktemp("url") / "spool"
+    spool.mkdir()
+    cfg = load_config(tiny_cfg_path, [*SAMPLES, f"engine.port={free_port()}", f"train.online.mooncake.master={mooncake_master}",
+                                      f"train.online.mooncake.segment_bytes={MOONCAKE_SEGMENT}"])
+    with capture_server(cfg, capture_spec(cfg), spool.parent / "capture-server.log", capture_dir=spool,
+                        transport_env=server_env(cfg.train.online.mooncake.model_dump())) as srv:
+        yield srv.url, spool, srv.proc.pid
+
+
+MOONCAKE_SEGMENT = 32 << 20
+"""The url server's share of the Mooncake store: the samples in flight of the tests' trainers (2 MB each)."""
+
+
+@pytest.fixture(scope="session")
 def mla_loop(tiny_mla_target, tmp_path_factory):
     """The Kimi-shaped loop once a session (Triton's interpreter makes each step minutes): extract ->
     parity -> check on the tiny DeepSeek-V3 target, timed; (folder, each step's CompletedProcess, seconds).

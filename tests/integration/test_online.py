@@ -1,7 +1,7 @@
 """Online and hybrid training (issue 31, one host): the trainer captures each sample through a real SGLang
 capture server as its loader needs it, over the server's own files. Seven server starts in all (the suite's
-time): one started by the module for ``train.online.url``, and those of the trainer's own runs in the long
-test: an online run whose server is killed -9 (restarted by the trainer) and which is itself killed -9,
+time): one started for ``train.online.url`` (``url_server``, shared with ``test_online_mooncake.py``), and
+those of the trainer's own runs in the long test: an online run whose server is killed -9 (restarted by the trainer) and which is itself killed -9,
 resumed as hybrid until its server is killed past ``train.online.restarts``, resumed again through the
 module's server; its loss curve equals the offline run's on the same samples, and the spool never holds
 more than the budget. Then two torchrun ranks: rank 0's server, killed -9 with the run, resumed through
@@ -31,21 +31,6 @@ SAMPLES = ["extract.max_samples=64", "extract.max_length=320", *GREEDY]
 COMMON = ["train.batch_size=8", "train.max_length=320", "train.log_every=1", "train.ttt_length=3",
           "train.max_steps=24", "train.epochs=3", "train.warmup_steps=2", "train.heldout_share=0",
           "train.checkpoint_every=4"]
-
-
-@pytest.fixture(scope="module")
-def url_server(tiny_target, tiny_cfg_path, tmp_path_factory):
-    """A capture server started as ``eaglebox train`` starts its own (same spec and flags), left running for
-    ``train.online.url``; (its url, its capture directory: the spool of the runs that use it, its pid)."""
-    from eaglebox.config import load_config
-    from eaglebox.extract.run import capture_server
-    from eaglebox.shards.spec import capture_spec
-
-    spool = tmp_path_factory.mktemp("url") / "spool"
-    spool.mkdir()
-    cfg = load_config(tiny_cfg_path, [*SAMPLES, f"engine.port={free_port()}"])
-    with capture_server(cfg, capture_spec(cfg), spool.parent / "capture-server.log", capture_dir=spool) as srv:
-        yield srv.url, spool, srv.proc.pid
 
 
 def extract_dir(tiny_shards, tmp_path):
@@ -118,8 +103,8 @@ def offline_losses(cmd: list[str], out, env=None) -> list[float]:
 
 
 def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within_the_budget(
-        tiny_shards, url_server, tmp_path):
-    want = offline_losses(train_cmd(tmp_path / "offline", f"extract.output_dir={tiny_shards}"), tmp_path / "offline")
+        tiny_shards, offline_curve, url_server, tmp_path):
+    offline, want = offline_curve
 
     url, spool, _ = url_server
     out = tmp_path / "online"
@@ -182,8 +167,8 @@ def test_online_killed_on_both_sides_then_hybrid_trains_the_offline_curve_within
 
     # the same draft as offline, but its provenance names the sample list; `eaglebox export` rebuilds it
     draft = (out / "draft" / "model.safetensors").read_bytes()
-    assert draft == (tmp_path / "offline" / "draft" / "model.safetensors").read_bytes()
-    ours, theirs = (json.loads((d / "draft" / "config.json").read_text())["eaglebox"] for d in (out, tmp_path / "offline"))
+    assert draft == (offline / "draft" / "model.safetensors").read_bytes()
+    ours, theirs = (json.loads((d / "draft" / "config.json").read_text())["eaglebox"] for d in (out, offline))
     assert ours["samples"] == theirs["samples"] == 64 and ours["shards_digest"] != theirs["shards_digest"]
     (out / "draft" / "model.safetensors").unlink()
     r = eaglebox_cli("export", "--config", str(TINY_CONFIG), f"train.output_dir={out}", "train.data=hybrid",

@@ -78,7 +78,7 @@ def _names(lines) -> set[str]:
 
 
 def test_dependencies_by_role_and_requirements_agree():
-    """pyproject.toml declares run time / `dev` / `test`; requirements/dev.txt (the venv) covers all of
+    """pyproject.toml declares run time / `dev` / `mooncake` / `test`; requirements/dev.txt (the venv) covers all of
     them but sglang/torch (those come with SGLang's run-time list); nothing test-only is a run-time dep."""
     import tomllib
 
@@ -91,7 +91,9 @@ def test_dependencies_by_role_and_requirements_agree():
     assert {"pytest", "pytest-timeout", "docker", "testcontainers"} <= _names(extras["test"])
     venv = _names((ROOT / "requirements" / "dev.txt").read_text().splitlines())
     sglang_list = _names((ROOT / "requirements" / "sglang-0.5.23-runtime.txt").read_text().splitlines())
-    missing = (run | _names(extras["dev"]) | _names(extras["test"])) - venv - sglang_list - {"sglang"}
+    assert _names(extras["mooncake"]) == {"mooncake-transfer-engine-non-cuda"}  # the CPU build
+    missing = (run | _names(extras["dev"]) | _names(extras["mooncake"]) | _names(extras["test"])) - venv \
+        - sglang_list - {"sglang"}
     assert not missing, f"requirements/dev.txt lacks {sorted(missing)}"
 
 

@@ -53,7 +53,7 @@ from pathlib import Path
 
 import torch
 
-from eaglebox.shards.format import tensor_sha256, write_safetensors
+from eaglebox.shards.format import safetensors_blobs, tensor_sha256, write_safetensors
 
 SHARED_BYTES = 1 << 40
 """Size of the shared file: sparse (pages exist once a region is used), so only address space."""
@@ -129,7 +129,7 @@ class _Writer:
     sink. Holds no reference to the sink: a sink nobody uses any more is collected, and its writer
     process finishes the samples it was sent and exits."""
 
-    def __init__(self, writers: int, nice: bool, on_error=None):
+    def __init__(self, writers: int, nice: bool, on_error=None, out_dir: Path = Path(".")):
         self.on_error = on_error
         self.cond = threading.Condition()
         self.regions = _Regions(SHARED_BYTES)
@@ -150,7 +150,7 @@ class _Writer:
             self.sock = ours  # shut down for writing to end the writer process (closing it would not wake recv)
             self.conn = Connection(os.dup(ours.fileno()))
             cmd = [sys.executable, "-m", "eaglebox.capture.writer", str(fd), str(theirs.fileno()), str(writers),
-                   "1" if nice else "0", str(os.getpid())]
+                   "1" if nice else "0", str(os.getpid()), str(out_dir)]
             started, failed = threading.Event(), []
             # The reader thread starts the process: PR_SET_PDEATHSIG follows the thread that forked it,
             # and this thread lives exactly as long as the writer process is needed.
@@ -254,7 +254,7 @@ class CaptureSink:
         self.buffer_bytes = buffer_bytes
         self._pending: dict[str, _Pending] = {}
         self._gone: list[str] = []  # rids whose Req was collected; forgotten on the next call
-        self._w = _Writer(writers, nice_writers, on_error)
+        self._w = _Writer(writers, nice_writers, on_error, self.out_dir)
         self.stats = self._w.stats
         weakref.finalize(self, self._w.close)
 
@@ -300,7 +300,7 @@ class CaptureSink:
             return None
         del self._pending[rid]
         path = self.out_dir / f"{sample_id}.safetensors"
-        self._w.send(p.offset, p.size, p.nbytes, (str(path), p.layout, self.header))
+        self._w.send(p.offset, p.size, p.nbytes, (sample_id, p.layout, self.header))
         self._raise_writer_error()
         t1 = time.perf_counter()
         self._wait_for_budget()
@@ -361,17 +361,21 @@ class CaptureSink:
 
 
 def write_sample(path: Path, input_ids: torch.Tensor | list[int], aux: list[torch.Tensor], last: list[torch.Tensor],
-                 header: dict) -> tuple[str, float, float]:
+                 header: dict, put=None) -> tuple[str, float, float]:
     """Write one sample's chunks as its final, fsync'd file (the client verifies it and renames it
-    into a shard: these are the only writes of its bytes, and this the only hash); returns the
-    tensor sha256 it records and the seconds spent hashing and writing."""
+    into a shard: these are the only writes of its bytes, and this the only hash), or hand the same bytes
+    to ``put`` (a transport's, :mod:`eaglebox.shards.transport`) as buffers; returns the tensor sha256 it
+    records and the seconds spent hashing and writing."""
     tensors = {"input_ids": [torch.as_tensor(input_ids, dtype=torch.int64)], "aux": aux, "last": last}
     t0 = time.perf_counter()
     digest = tensor_sha256(tensors)
     t1 = time.perf_counter()
     meta = {"rows": str(len(input_ids)), "sha256": digest, "header": json.dumps(header, sort_keys=True),
             "max_abs": json.dumps(max_abs(aux, aux[0].shape[1] // last[0].shape[1]) + max_abs(last, 1))}
-    write_safetensors(path, tensors, meta, fsync=True, file_digest=False)
+    if put is None:
+        write_safetensors(path, tensors, meta, fsync=True, file_digest=False)
+    else:
+        put(safetensors_blobs(tensors, meta, path)[0])
     return digest, t1 - t0, time.perf_counter() - t1
 
 

@@ -176,6 +176,55 @@ class DraftConfig(Section):
         return rope
 
 
+class MooncakeConfig(Section):
+    """The Mooncake store (``train.online.transport: mooncake``; package ``mooncake-transfer-engine-non-cuda``,
+    the system package ``libibverbs1``): the capture server's writer process puts each sample there under a
+    key, the trainer gets it by key, verifies it and removes the key, over Mooncake's TCP transfer engine.
+    For hosts that share no file system; ``mooncake_master`` runs somewhere both reach."""
+
+    master: str = "127.0.0.1:50051"
+    """``host:port`` of the ``mooncake_master`` RPC service (its ``--rpc_port``)."""
+    metadata_server: str = "P2PHANDSHAKE"
+    """Where Mooncake's transfer engines find each other: ``P2PHANDSHAKE`` (no metadata service: each
+    process answers for itself) or an HTTP metadata server's URL (``http://host:port/metadata``, e.g. the
+    master's own with ``--enable_http_metadata_server``)."""
+    local_hostname: str | None = None
+    """The address other hosts reach this process at; None: this host's address on the route to ``master``.
+    The capture server and the trainer each take it from their own config (set it where that route's
+    address is not the one to advertise)."""
+    segment_bytes: int = Field(256 << 20, ge=16 << 20)
+    """Memory the capture server's writer process lends the store (the samples live there until the trainer
+    has read them), and each side's transfer buffer. Must hold the samples in flight at ``extract.max_length``
+    below the master's eviction watermark (90%): checked before the server starts. Mooncake's minimum: 16 MiB."""
+    connect_timeout_s: float = Field(20, gt=0)
+    """How long to wait for the master to answer before refusing to start."""
+    key_prefix: str = "eaglebox"
+    """Keys are ``<key_prefix>/<sample id>`` (``<key_prefix>/rank<R>/<sample id>`` under ``torchrun``); trainers
+    that share one master need prefixes of their own (a run removes what is under its prefix at start)."""
+
+    @field_validator("master")
+    @classmethod
+    def _host_port(cls, v: str) -> str:
+        host, sep, port = v.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"{v!r} is not host:port (the mooncake_master's address and --rpc_port)")
+        return v
+
+    @field_validator("metadata_server")
+    @classmethod
+    def _metadata(cls, v: str) -> str:
+        if v != "P2PHANDSHAKE" and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r}: P2PHANDSHAKE or an HTTP metadata server's URL (http://host:port/metadata)")
+        return v
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix(cls, v: str) -> str:
+        if not v or not all(c.isalnum() or c in "-_." for c in v):
+            raise ValueError(f"{v!r}: letters, digits, '-', '_' or '.' (at least one)")
+        return v
+
+
 class OnlineConfig(Section):
     """Training without storing every feature (``train.data: online | hybrid``, issue 31): a capture
     server launched as ``eaglebox extract`` launches it writes each sample the next batches need into
@@ -196,6 +245,11 @@ class OnlineConfig(Section):
     """A capture server already running with ``spool_dir`` as its capture directory (started as
     ``eaglebox extract`` starts one, for this config's capture spec: one launched for another is refused at
     the first sample, before the run writes anything); None: the trainer starts its own."""
+    transport: Literal["file", "mooncake"] = "file"
+    """How samples reach the trainer: ``file``, the capture server's files in ``spool_dir`` (one host or a
+    shared file system); ``mooncake``, the Mooncake store (``mooncake`` below), across hosts: the trainer
+    writes each sample it gets to its own ``spool_dir`` to verify and read it (and, hybrid, keep it)."""
+    mooncake: MooncakeConfig = MooncakeConfig()
     restarts: int = Field(3, ge=0)
     """Times the trainer restarts its own capture server after it exits (kill -9, out of memory) before it
     stops naming the cause; a server at ``url`` is waited for (``extract.max_retries``) instead."""

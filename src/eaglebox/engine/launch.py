@@ -309,9 +309,10 @@ def draft_layer_inputs(draft_path: Path) -> list[int] | None:
 
 
 def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None,
-               sample_header: dict | None = None) -> dict[str, str]:
+               sample_header: dict | None = None, transport_env: dict | None = None) -> dict[str, str]:
     """``capture``: the server records ``sample_header`` (the capture spec's) in every sample, so
-    the client's checks see every field of the spec. ``speculative``: the server checks, once SGLang
+    the client's checks see every field of the spec; ``transport_env`` sends the samples elsewhere than
+    ``capture_dir`` (:func:`eaglebox.shards.transport.server_env`: the Mooncake store). ``speculative``: the server checks, once SGLang
     has configured the target for the draft, that it hooks the layers the draft was trained on
     (``eaglebox.capture.serve_check``)."""
     env = dict(cfg.engine.env)
@@ -329,6 +330,7 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None,
         env["EAGLEBOX_CAPTURE_WRITERS"] = str(cfg.extract.capture_writers)
         # On CPU the forward runs on the cores the writers would take: they yield to it (nice 19).
         env.setdefault("EAGLEBOX_CAPTURE_NICE_WRITERS", "1" if cfg.engine.device == "cpu" else "0")
+        env.update(transport_env or {})
     if mode == "speculative" and (expected := draft_layer_inputs(cfg.serve.draft_path)) is not None:
         env["EAGLEBOX_EXPECT_LAYER_INPUTS"] = json.dumps(expected)
     return env | no_crash_dump_waits({**os.environ, **env})
@@ -350,12 +352,14 @@ def no_crash_dump_waits(env: dict[str, str]) -> dict[str, str]:
 
 
 def server_for(cfg: Config, mode: Mode, log_path: Path, capture_dir: Path | None = None,
-               layer_ids: list[int] | None = None, sample_header: dict | None = None):
+               layer_ids: list[int] | None = None, sample_header: dict | None = None,
+               transport_env: dict | None = None):
     """An (unstarted) :class:`SGLangServer` for ``cfg`` in ``mode``; ``capture`` writes ``layer_ids`` to
-    ``capture_dir``, each sample with ``sample_header`` (:func:`launch_env`)."""
+    ``capture_dir`` (or through ``transport_env``'s transport), each sample with ``sample_header``
+    (:func:`launch_env`)."""
     from eaglebox.engine.server import SGLangServer
 
-    return SGLangServer(launch_args(cfg, mode, layer_ids), env=launch_env(cfg, mode, capture_dir, sample_header),
+    return SGLangServer(launch_args(cfg, mode, layer_ids), env=launch_env(cfg, mode, capture_dir, sample_header, transport_env),
                         log_path=log_path, host=cfg.engine.host, port=cfg.engine.port,
                         startup_timeout_s=cfg.engine.startup_timeout_s,
                         writes_to=[capture_dir] if capture_dir is not None else [])

@@ -1,7 +1,10 @@
 """Online training's samples (``train.data: online | hybrid``, issue 31 on one host): each sample is
 captured when the trainer's loader needs it, verified as extraction verifies it, read, and deleted.
 
-The transport on one host is the capture server's own files: the server is launched exactly as
+The transport (:mod:`eaglebox.shards.transport`, ``train.online.transport``) is the capture server's own files
+on one host (below), or across hosts the Mooncake store: the server's writer puts each sample's bytes (the same
+file) under a key, the transport's ``fetch`` gets them into this trainer's spool as that file and removes the
+key, and from there a sample is checked and read as below. The server is launched exactly as
 ``eaglebox extract`` launches it (:func:`~eaglebox.extract.run.capture_server`: same spec, radix cache
 off), with the spool as its capture directory. :meth:`OnlineSamples.get` sends one sample
 (:func:`~eaglebox.extract.http.capture_one`: rows == prompt tokens), waits for its file, checks it as a
@@ -49,11 +52,17 @@ import torch
 
 from eaglebox.engine.server import healthy, port_open
 from eaglebox.extract import ExtractError
-from eaglebox.extract.commit import drop_partial_files, feature_bound, verify_staged, wait_for_files
+from eaglebox.extract.commit import drop_partial_files, feature_bound, verify_staged
 from eaglebox.extract.http import Client, capture_one
 from eaglebox.extract.plan import Planned, bytes_per_token
 from eaglebox.shards.contract import CaptureSpec
 from eaglebox.shards.format import ShardError, read_sample, samples_digest
+from eaglebox.shards.transport import (
+    EVICTION_HIGH_WATERMARK,
+    FileTransport,
+    MooncakeTransport,
+    TransportError,
+)
 
 KEPT = "kept"
 HEADER_BYTES = 64 << 10
@@ -71,6 +80,18 @@ def in_flight_reserve(max_length: int, spec: CaptureSpec, samples: int) -> int:
     """Disk the samples in flight may take at once: ``samples`` files of the longest sample."""
     bpt = bytes_per_token(spec.hidden_size, len(spec.layers.layer_ids), spec.dtype_bytes)
     return samples * (max_length * bpt + HEADER_BYTES)
+
+
+def check_segment(segment: int, reserve: int, flying: int, max_length: int, world: int) -> None:
+    """The Mooncake segment the capture server lends the store holds every rank's samples in flight below
+    the master's eviction watermark (past it, samples not yet read may be evicted)."""
+    if reserve > EVICTION_HIGH_WATERMARK * segment:
+        ranks = f" for each of {world} ranks" if world > 1 else ""
+        raise ExtractError(f"train.online.mooncake.segment_bytes={segment:,} cannot hold the samples in flight: "
+                           f"{flying}{ranks} (extract.concurrency, at most train.loader_threads x train.batch_size, + 1) "
+                           f"of up to {max_length} tokens (extract.max_length) are {reserve:,} bytes, over the "
+                           f"{EVICTION_HIGH_WATERMARK:.0%} of the segment the master fills before it evicts; set it to "
+                           f"at least {int(reserve / EVICTION_HIGH_WATERMARK) + 1:,}")
 
 
 def clean_spool(spool: Path, keep: bool) -> None:
@@ -143,8 +164,9 @@ class OnlineSamples:
     def __init__(self, planned: list[Planned], spec: CaptureSpec, client: Client, spool: Path, bound: float | None, *,
                  budget: int | None, reserve: int, concurrency: int = 1, server=None,
                  keeper: ThreadPoolExecutor | None = None, restarts: int = 0, rank_dir: str = "",
-                 shared: Listening | None = None, wait_s: float = 900, log=print):
+                 shared: Listening | None = None, wait_s: float = 900, log=print, transport=None):
         self.capture, self.client, self.spool, self.bound = spec, client, Path(spool), bound
+        self.transport = transport or FileTransport(spool)
         self.rank_dir, self.folder = rank_dir, Path(spool) / rank_dir
         self.budget, self.reserve, self.server, self.keeper = budget, reserve, server, keeper
         self.restarts, self.shared, self.wait_s, self.log = restarts, shared, wait_s, log
@@ -198,7 +220,8 @@ class OnlineSamples:
         return self._digest
 
     def report(self) -> dict:
-        return {"data": "online" if self.budget is None else "hybrid", "spool": str(self.folder),
+        return {"data": "online" if self.budget is None else "hybrid", "transport": self.transport.kind,
+                "spool": str(self.folder),
                 "budget_bytes": self.budget, "kept_samples": len(self._kept), "kept_bytes": self._kept_bytes,
                 **self.stats}
 
@@ -250,11 +273,15 @@ class OnlineSamples:
 
     def _capture(self, p: Planned) -> dict[str, torch.Tensor]:
         path = self.folder / f"{p.id}.safetensors"
+        name = self.transport.request_name(f"{self.rank_dir}/{p.id}" if self.rank_dir else p.id)
         while True:
             generation, closed = self._generation, self.shared.closed if self.shared else 0
             try:
-                capture_one(self.client, p, f"{self.rank_dir}/{p.id}" if self.rank_dir else p.id)
-                wait_for_files([(path, f"sample at line {p.line}")], alive=self._alive)
+                capture_one(self.client, p, name)
+                try:
+                    self.transport.fetch(name, path, alive=self._alive)
+                except TransportError as err:
+                    raise ExtractError(f"sample at line {p.line}: {err}") from None
                 break
             except ExtractError as err:
                 if self.server is not None:
@@ -345,12 +372,12 @@ class OnlineSamples:
 
 
 def check_server(first: Planned, spec: CaptureSpec, client: Client, spool: Path, bound: float | None,
-                 url: str | None, server, keeper: ThreadPoolExecutor, rank_dir: str = "") -> None:
+                 url: str | None, server, keeper: ThreadPoolExecutor, rank_dir: str = "", transport=None) -> None:
     """Capture and verify the first sample before the trainer writes anything: a server launched for
     another spec (target, engine, layers) or answering for other ids is refused here in one error, naming
     ``train.online.url`` when the server is the user's, and leaves no partial run behind."""
     probe = OnlineSamples([first], spec, client, spool, bound, budget=None, reserve=0, server=server,
-                          keeper=keeper, rank_dir=rank_dir)
+                          keeper=keeper, rank_dir=rank_dir, transport=transport)
     try:
         probe.get(0)
     except ExtractError as err:
@@ -369,6 +396,7 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
     unless ``train.online.url`` names one. ``share``: rank 0's value on every rank (the server's url, once
     it is up and the regenerated answers are cached for the other ranks)."""
     from eaglebox.extract.run import capture_server, planned_samples, prepare
+    from eaglebox.shards.transport import server_env
     from eaglebox.target.tokenizer import load_tokenizer
 
     e, t, o = cfg.extract, cfg.train, cfg.train.online
@@ -384,6 +412,14 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
         raise ExtractError(f"train.online.budget_bytes={o.budget_bytes:,} cannot hold the samples in flight: "
                            f"{flying} (extract.concurrency, at most train.loader_threads x train.batch_size, + 1) "
                            f"of up to {e.max_length} tokens (extract.max_length) are {reserve:,} bytes{split}")
+    mooncake = o.transport == "mooncake"
+    if mooncake:
+        check_segment(o.mooncake.segment_bytes, in_flight_reserve(e.max_length, spec, flying * world), flying,
+                      e.max_length, world)
+        transport = MooncakeTransport(o.mooncake.model_dump(), mount=False)  # refuses a master that does not answer
+        transport.clean(f"{mine}/" if mine else "")  # what a killed run of this rank left in the store
+    else:
+        transport = FileTransport(spool)
     say, log = log, log if rank == 0 else (lambda *a: None)  # say: what each rank tells of its own samples
     tokenizer = load_tokenizer(cfg.model)
     plan = prepare(e, spec, tokenizer, log, store=False)
@@ -391,8 +427,9 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
     if rank == 0:
         clean_other_ranks(spool, world)
     clean_spool(spool / mine, keep=t.data == "hybrid")
-    server = None if o.url or rank else capture_server(cfg, spec, Path(t.output_dir) / "capture-server.log",
-                                                      capture_dir=spool)
+    server = None if o.url or rank else capture_server(
+        cfg, spec, Path(t.output_dir) / "capture-server.log", capture_dir=spool,
+        transport_env=server_env(o.mooncake.model_dump()) if mooncake else None)
     keeper = ThreadPoolExecutor(1, thread_name_prefix="eaglebox-capture-server")
     samples = shared = None
     try:
@@ -419,12 +456,14 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
             alive = shared or (lambda: True)
             planned = planned_samples(e, url, spec, tokenizer, plan, alive=alive, log=log)
         client = Client(url, e.max_retries, e.retry_backoff_s, alive)
-        check_server(planned[0], spec, client, spool, bound, o.url, server, keeper, mine)
+        check_server(planned[0], spec, client, spool, bound, o.url, server, keeper, mine, transport)
         samples = OnlineSamples(planned, spec, client, spool, bound,
                                 budget=budget if t.data == "hybrid" else None, reserve=reserve,
                                 concurrency=e.concurrency, server=server, keeper=keeper, restarts=o.restarts,
-                                rank_dir=mine, shared=shared, wait_s=cfg.engine.startup_timeout_s, log=say)
+                                rank_dir=mine, shared=shared, wait_s=cfg.engine.startup_timeout_s, log=say,
+                                transport=transport)
         log(f"train: {t.data}: {len(samples)} samples captured as the loader needs them"
+            + (f", through the Mooncake store at {o.mooncake.master}" if mooncake else "")
             + (f" ({world} ranks, each its own slice of each batch, files in {spool}/rank<R>/)" if world > 1 else "")
             + (f"; up to {budget:,} bytes a rank kept in {spool / mine / KEPT} "
                f"({samples.report()['kept_samples']} there now)" if t.data == "hybrid" else ""))
@@ -436,3 +475,6 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
             keeper.submit(server.stop).result()
         keeper.shutdown()
         clean_spool(spool / mine, keep=t.data == "hybrid")
+        if mooncake:
+            transport.clean(f"{mine}/" if mine else "")
+            transport.close()

@@ -174,9 +174,11 @@ def run_extract(e: ExtractConfig, url: str, spec: CaptureSpec, planned: list[Pla
     return manifest
 
 
-def capture_server(cfg, spec: CaptureSpec, log_path: Path, capture_dir: Path | None = None):
+def capture_server(cfg, spec: CaptureSpec, log_path: Path, capture_dir: Path | None = None,
+                   transport_env: dict | None = None):
     """An (unstarted) capture server for ``spec``'s layers, writing to ``capture_dir`` (None:
-    :func:`staging_dir`) samples that record ``spec`` (:meth:`CaptureSpec.sample_header`)."""
+    :func:`staging_dir`), or through ``transport_env``'s transport (:mod:`eaglebox.shards.transport`),
+    samples that record ``spec`` (:meth:`CaptureSpec.sample_header`)."""
     return server_for(cfg, "capture", log_path, capture_dir=capture_dir or staging_dir(cfg.extract),
                       layer_ids=list(spec.layers.layer_ids),
-                      sample_header=spec.sample_header())
+                      sample_header=spec.sample_header(), transport_env=transport_env)

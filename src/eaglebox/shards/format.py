@@ -115,22 +115,17 @@ def tensor_sha256(tensors: dict[str, torch.Tensor | list[torch.Tensor]]) -> str:
     return h.hexdigest()
 
 
-def write_safetensors(path: Path, tensors: dict[str, list[torch.Tensor]], metadata: dict[str, str], *,
-                      fsync: bool, file_digest: bool = True) -> tuple[str | None, int]:
-    """Write a safetensors file straight from tensor memory; returns the file's sha256 (None unless
-    ``file_digest``: hashing is a pass over every byte) and size.
-
-    Each entry is the concatenation (dim 0) of its parts, written part after part: no joined copy
-    and no serialised copy of the file, both of which safetensors' own ``save`` makes while holding
-    the GIL (which the capture writer shares with SGLang's scheduler). Deterministic bytes; atomic
-    (temp + rename, the temp removed on failure)."""
+def safetensors_blobs(tensors: dict[str, list[torch.Tensor]], metadata: dict[str, str],
+                      what: object = "tensors") -> tuple[list, int]:
+    """A safetensors file as the buffers to write one after another (its header, then each part of each
+    entry, straight from tensor memory: no joined copy) and its size. Deterministic bytes."""
     header, offset = {}, 0
     order = sorted(tensors, key=lambda k: (-tensors[k][0].element_size(), k))  # each offset aligned
     for key in order:
         parts = tensors[key]
         first = parts[0]
         if any(q.dtype != first.dtype or q.shape[1:] != first.shape[1:] for q in parts):
-            raise ValueError(f"{path}: the parts of {key!r} differ in dtype or trailing shape")
+            raise ValueError(f"{what}: the parts of {key!r} differ in dtype or trailing shape")
         size = sum(q.numel() for q in parts) * first.element_size()
         header[key] = {"dtype": DTYPE_CODES[first.dtype], "shape": [sum(q.shape[0] for q in parts), *first.shape[1:]],
                        "data_offsets": [offset, offset + size]}
@@ -138,13 +133,27 @@ def write_safetensors(path: Path, tensors: dict[str, list[torch.Tensor]], metada
     header["__metadata__"] = metadata
     blob = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
+    blobs = [struct.pack("<Q", len(blob)), blob, *(tensor_bytes(q) for k in order for q in tensors[k])]
+    return blobs, 8 + len(blob) + offset
+
+
+def write_safetensors(path: Path, tensors: dict[str, list[torch.Tensor]], metadata: dict[str, str], *,
+                      fsync: bool, file_digest: bool = True) -> tuple[str | None, int]:
+    """Write a safetensors file straight from tensor memory; returns the file's sha256 (None unless
+    ``file_digest``: hashing is a pass over every byte) and size.
+
+    Each entry is the concatenation (dim 0) of its parts, written part after part (:func:`safetensors_blobs`):
+    no joined copy and no serialised copy of the file, both of which safetensors' own ``save`` makes while
+    holding the GIL (which the capture writer shares with SGLang's scheduler). Deterministic bytes; atomic
+    (temp + rename, the temp removed on failure)."""
+    blobs, size = safetensors_blobs(tensors, metadata, path)
     h = hashlib.sha256() if file_digest else None
     with atomic_file(path, fsync=fsync) as f:
-        for b in [struct.pack("<Q", len(blob)), blob, *(tensor_bytes(q) for k in order for q in tensors[k])]:
+        for b in blobs:
             f.write(b)
             if h is not None:
                 h.update(b)
-    return h.hexdigest() if h is not None else None, 8 + len(blob) + offset
+    return h.hexdigest() if h is not None else None, size
 
 
 def file_sha256(path: Path) -> str:
