@@ -172,24 +172,46 @@ def mooncake_master(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def url_server(tiny_target, tiny_cfg_path, mooncake_master, tmp_path_factory):
-    """A capture server started as ``eaglebox train`` starts its own (same spec and flags), left running for
-    ``train.online.url`` (``test_online.py``, ``test_online_mooncake.py``); launched with Mooncake settings, so
-    it serves trainers of either transport; (its url, its capture directory: the spool of the file runs that
-    use it, its pid)."""
+    """``eaglebox capture-server``, as a user starts one for ``train.online.url``, left running for
+    ``test_online.py`` and ``test_online_mooncake.py``; with Mooncake settings, so it serves trainers of either
+    transport (file requests go to its spool); (its url, its capture directory: the spool of the file runs
+    that use it, the CLI's pid: the server and its writer are its children)."""
+    import re
+    import signal
+    import subprocess
+    import sys
+
     from test_online import SAMPLES
 
-    from eaglebox.config import load_config
-    from eaglebox.extract.run import capture_server
-    from eaglebox.shards.spec import capture_spec
-    from eaglebox.shards.transport import server_env
-
     spool = tmp_path_factory.mktemp("url") / "spool"
-    spool.mkdir()
-    cfg = load_config(tiny_cfg_path, [*SAMPLES, f"engine.port={free_port()}", f"train.online.mooncake.master={mooncake_master}",
-                                      f"train.online.mooncake.segment_bytes={MOONCAKE_SEGMENT}"])
-    with capture_server(cfg, capture_spec(cfg), spool.parent / "capture-server.log", capture_dir=spool,
-                        transport_env=server_env(cfg.train.online.mooncake.model_dump())) as srv:
-        yield srv.url, spool, srv.proc.pid
+    proc = subprocess.Popen([sys.executable, "-m", "eaglebox.cli", "capture-server", "--config", str(tiny_cfg_path),
+                             *SAMPLES, f"engine.port={free_port()}", f"train.online.spool_dir={spool}",
+                             "train.online.transport=mooncake", f"train.online.mooncake.master={mooncake_master}",
+                             f"train.online.mooncake.segment_bytes={MOONCAKE_SEGMENT}"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = []
+        for line in proc.stdout:  # the CLI prints its url once the server is healthy
+            lines.append(line)
+            if m := re.match(r"capture-server: (\S+) \(train.online.url\)", line):
+                break
+        assert m, "".join(lines)[-3000:]
+        threading_drain(proc.stdout)
+        yield m.group(1), spool, proc.pid
+    finally:
+        proc.send_signal(signal.SIGINT)  # as Ctrl-C: the CLI stops its server
+        try:
+            assert proc.wait(60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+def threading_drain(stream) -> None:
+    """Read ``stream`` to its end in the background, so a process writing to a pipe never blocks on it."""
+    import threading
+
+    threading.Thread(target=lambda: stream.read(), daemon=True).start()
 
 
 MOONCAKE_SEGMENT = 32 << 20

@@ -20,6 +20,7 @@ STAGES = {
     "serve": "serve target + draft with SGLang EAGLE-3",
     "bench": "measure acceptance length and tok/s against the target alone",
     "check": "the consistency gate: extract -> train -> export -> acceptance",
+    "capture-server": "a capture server for online training (train.online.url), until interrupted",
 }
 
 
@@ -82,7 +83,7 @@ def _stage(name: str):
     """Import lazily: ``eaglebox config show`` must not pay for torch."""
     import importlib
 
-    return importlib.import_module(f"eaglebox.stages.{name}").run
+    return importlib.import_module(f"eaglebox.stages.{name.replace('-', '_')}").run
 
 
 def build_parser() -> argparse.ArgumentParser:
