@@ -200,6 +200,29 @@ def test_two_concurrent_requests_for_one_sample_each_span_several_chunks(capture
     assert sorted(p.name for p in staging.iterdir()) == []
 
 
+def test_a_mooncake_request_to_a_server_without_mooncake_settings_is_refused_and_the_server_lives(capture_server):
+    """A trainer with train.online.transport: mooncake against a server at train.online.url launched
+    without the store's settings: its request is answered with the reason, nothing is captured, and the
+    server (which may be shared) goes on capturing; before, its writer failed and stopped the server."""
+    from eaglebox.extract.http import Client, capture_one
+    from eaglebox.extract.plan import Planned
+
+    cfg, srv, staging = capture_server
+    ids = list(range(10, 90))
+    client = Client(srv.url, 0, 0.1)
+    with pytest.raises(ExtractError, match=r"sample at line 7: the capture server refused it: mooncake:run/s1: "
+                                           r"this capture server was launched without Mooncake settings"):
+        capture_one(client, Planned("s1", 7, ids, [1] * len(ids)), "mooncake:run/s1")
+    capture_one(client, Planned("s2", 8, ids, [1] * len(ids)))
+    assert srv.alive()
+    deadline = time.monotonic() + 60
+    while not (staging / "s2.safetensors").exists():
+        assert time.monotonic() < deadline, sorted(p.name for p in staging.iterdir())
+        time.sleep(0.05)
+    assert not [p for p in staging.rglob("*") if "s1" in p.name]  # the refused sample: nothing anywhere
+    (staging / "s2.safetensors").unlink()
+
+
 def malformed_corpus(path: Path) -> Path:
     """Two good rows around what real corpora hold: a BOM, a bad UTF-8 byte, OpenAI content parts, an
     image part, a line over the byte cap."""

@@ -50,6 +50,7 @@ from eaglebox import SGLANG_VERSION
 from eaglebox.capture.serve_check import layers_to_capture
 from eaglebox.engine.post_import import on_import
 from eaglebox.shards.requests import sample_id_from_rid
+from eaglebox.shards.transport import refused_here
 
 TARGET_MODULE = "sglang.srt.managers.scheduler_components.batch_result_processor"
 RESULT_MODULE = "sglang.srt.managers.utils"
@@ -141,6 +142,10 @@ def patch(module) -> None:
                          capture_hidden_mode=capture_hidden_mode, extend_input_len=extend_input_len, store=store)
         start, end = hidden_state_offset, hidden_state_offset + extend_input_len
         if not writes_on_this_rank(get_parallel()):
+            return end
+        refused = refused_here(sid)
+        if refused:  # answered, not captured: the writer would fail on it and stop the server
+            req.hidden_states.append({"error": refused})
             return end
         sink = sink_for(self)
         if req.is_retracted or req.finished():

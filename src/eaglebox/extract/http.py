@@ -50,6 +50,9 @@ def capture_one(client: Client, p: Planned, name: str | None = None) -> tuple[Pl
     out = client.post("/generate", body)
     meta = out.get("meta_info", {})
     hs = meta.get("hidden_states") or []
+    refused = [h["error"] for h in hs if isinstance(h, dict) and "error" in h]
+    if refused:
+        raise ExtractError(f"sample at line {p.line}: the capture server refused it: {refused[0]}")
     if meta.get("prompt_tokens") != len(p.input_ids):
         raise ExtractError(f"sample at line {p.line}: server saw {meta.get('prompt_tokens')} prompt tokens, "
                            f"sent {len(p.input_ids)}")

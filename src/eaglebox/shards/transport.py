@@ -219,7 +219,16 @@ class SinkTransport:
         if not name.startswith(SCHEME):
             return self.files.put(name, blobs)
         if self.store is None:
-            raise TransportError(f"{name}: this capture server was launched without Mooncake settings (a trainer with "
-                                 "train.online.transport: mooncake starts its own with them; a server at "
-                                 "train.online.url must be launched with them too)")
+            raise TransportError(refused_here(name))
         self.store.put(name, blobs)
+
+
+def refused_here(name: str) -> str | None:
+    """Why this server cannot deliver a request named ``name``, or None: a Mooncake name reaching a server
+    launched without the store's settings. The capture hook answers such a request with this reason before
+    it captures, so a trainer misconfigured against a shared server is refused instead of stopping it."""
+    if name.startswith(SCHEME) and not os.environ.get(ENV):
+        return (f"{name}: this capture server was launched without Mooncake settings (a trainer with "
+                "train.online.transport: mooncake starts its own with them; a server at train.online.url must be "
+                "launched with them too: eaglebox capture-server with train.online.transport=mooncake)")
+    return None
