@@ -388,6 +388,23 @@ def check_server(first: Planned, spec: CaptureSpec, client: Client, spool: Path,
         probe.close()
 
 
+def spool_of(cfg) -> Path:
+    """``train.online.spool_dir``, or ``train.output_dir/spool``."""
+    return Path(cfg.train.online.spool_dir or Path(cfg.train.output_dir) / "spool")
+
+
+def online_capture_server(cfg, spec: CaptureSpec, spool: Path):
+    """The (unstarted) capture server of online training, writing files to ``spool`` and, when
+    ``train.online.transport`` is mooncake, able to put samples in the store: what ``eaglebox train`` starts
+    for itself and ``eaglebox capture-server`` for a ``train.online.url``."""
+    from eaglebox.extract.run import capture_server
+    from eaglebox.shards.transport import server_env
+
+    o = cfg.train.online
+    return capture_server(cfg, spec, Path(cfg.train.output_dir) / "capture-server.log", capture_dir=spool,
+                          transport_env=server_env(o.mooncake.model_dump()) if o.transport == "mooncake" else None)
+
+
 @contextmanager
 def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: int = 1,
                    share=lambda obj: obj) -> Iterator[OnlineSamples]:
@@ -395,14 +412,13 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
     ``data: online | hybrid`` and ``online`` section); rank 0 starts (and finally stops) the capture server
     unless ``train.online.url`` names one. ``share``: rank 0's value on every rank (the server's url, once
     it is up and the regenerated answers are cached for the other ranks)."""
-    from eaglebox.extract.run import capture_server, planned_samples, prepare
-    from eaglebox.shards.transport import server_env
+    from eaglebox.extract.run import planned_samples, prepare
     from eaglebox.target.tokenizer import load_tokenizer
 
     e, t, o = cfg.extract, cfg.train, cfg.train.online
     if e.dataset is None:
         raise ExtractError("extract.dataset: required for train.data online or hybrid (the samples are extract's)")
-    spool = Path(o.spool_dir or Path(t.output_dir) / "spool")
+    spool = spool_of(cfg)
     mine = rank_dir(rank, world)
     flying = in_flight(cfg)
     reserve = in_flight_reserve(e.max_length, spec, flying)
@@ -427,9 +443,7 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
     if rank == 0:
         clean_other_ranks(spool, world)
     clean_spool(spool / mine, keep=t.data == "hybrid")
-    server = None if o.url or rank else capture_server(
-        cfg, spec, Path(t.output_dir) / "capture-server.log", capture_dir=spool,
-        transport_env=server_env(o.mooncake.model_dump()) if mooncake else None)
+    server = None if o.url or rank else online_capture_server(cfg, spec, spool)
     keeper = ThreadPoolExecutor(1, thread_name_prefix="eaglebox-capture-server")
     samples = shared = None
     try:
