@@ -82,14 +82,19 @@ def in_flight_reserve(max_length: int, spec: CaptureSpec, samples: int) -> int:
     return samples * (max_length * bpt + HEADER_BYTES)
 
 
+def in_flight_words(flying: int, max_length: int, reserve: int, ranks: str = "") -> str:
+    """How the samples in flight add up to ``reserve`` bytes, as both budget errors say it."""
+    return (f"{flying}{ranks} (extract.concurrency, at most train.loader_threads x train.batch_size, + 1) "
+            f"of up to {max_length} tokens (extract.max_length) are {reserve:,} bytes")
+
+
 def check_segment(segment: int, reserve: int, flying: int, max_length: int, world: int) -> None:
     """The Mooncake segment the capture server lends the store holds every rank's samples in flight below
     the master's eviction watermark (past it, samples not yet read may be evicted)."""
     if reserve > EVICTION_HIGH_WATERMARK * segment:
         ranks = f" for each of {world} ranks" if world > 1 else ""
         raise ExtractError(f"train.online.mooncake.segment_bytes={segment:,} cannot hold the samples in flight: "
-                           f"{flying}{ranks} (extract.concurrency, at most train.loader_threads x train.batch_size, + 1) "
-                           f"of up to {max_length} tokens (extract.max_length) are {reserve:,} bytes, over the "
+                           f"{in_flight_words(flying, max_length, reserve, ranks)}, over the "
                            f"{EVICTION_HIGH_WATERMARK:.0%} of the segment the master fills before it evicts; set it to "
                            f"at least {int(reserve / EVICTION_HIGH_WATERMARK) + 1:,}")
 
@@ -426,8 +431,7 @@ def online_samples(cfg, spec: CaptureSpec, log=print, *, rank: int = 0, world: i
     if budget is not None and reserve > budget:
         split = f" a rank, and each of the {world} ranks has 1/{world} of the budget, {budget:,}" if world > 1 else ""
         raise ExtractError(f"train.online.budget_bytes={o.budget_bytes:,} cannot hold the samples in flight: "
-                           f"{flying} (extract.concurrency, at most train.loader_threads x train.batch_size, + 1) "
-                           f"of up to {e.max_length} tokens (extract.max_length) are {reserve:,} bytes{split}")
+                           f"{in_flight_words(flying, e.max_length, reserve)}{split}")
     mooncake = o.transport == "mooncake"
     if mooncake:
         check_segment(o.mooncake.segment_bytes, in_flight_reserve(e.max_length, spec, flying * world), flying,
