@@ -123,9 +123,9 @@ def test_capture_writers_are_niced_on_cpu_only_and_counted_by_the_config(tmp_pat
     assert launch_env(cpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_NICE_WRITERS"] == "1"
     gpu = load_config("configs/tiny-cpu.yaml", [f"model.path={model}", "engine.device=cuda"])
     assert launch_env(gpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_NICE_WRITERS"] == "0"
-    assert launch_env(gpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_WRITERS"] == "4"
-    eight = load_config("configs/tiny-cpu.yaml", [f"model.path={model}", "extract.capture_writers=8"])
-    assert launch_env(eight, "capture", tmp_path)["EAGLEBOX_CAPTURE_WRITERS"] == "8"
+    assert launch_env(gpu, "capture", tmp_path)["EAGLEBOX_CAPTURE_WRITERS"] == "8"
+    four = load_config("configs/tiny-cpu.yaml", [f"model.path={model}", "extract.capture_writers=4"])
+    assert launch_env(four, "capture", tmp_path)["EAGLEBOX_CAPTURE_WRITERS"] == "4"
 
 
 @pytest.mark.parametrize("dp_attention", [["model.dp=8", 'engine.extra_args=["--enable-dp-attention"]'],

@@ -1,12 +1,12 @@
 """H200 check (c): prefill tokens/s of capture against plain prefill on the same SGLang build and model
 (random-weight Llama, 6 layers, hidden 4096 or, with ``--hidden 7168``, Kimi-K2.5's width; triton attention
 and torch stand-ins for sgl_kernel, so absolute numbers say nothing about production kernels). Every server
-is up; rounds alternate plain and each capture variant (the writer process with 4 threads, the default, and
-with 8: docs/measurements.md, "Measurements behind the code"); a capture round ends
-when every sample's file is on disk (fsync'd by the server's writers). Also printed: the disk's raw
-sequential fsync'd rate, which bounds capture at 4 x hidden x 2 bytes a token.
+is up; rounds alternate plain and each capture variant (the writer process with ``--writers`` threads: 4
+and 8, the default since this check measured them: docs/measurements.md, "Measurements behind the code");
+a capture round ends when every sample's file is on disk (fsync'd by the server's writers). Also printed:
+the disk's raw sequential fsync'd rate, which bounds capture at 4 x hidden x 2 bytes a token.
 
-    bash tools/h200/run.sh throughput [--hidden 7168]
+    bash tools/h200/run.sh throughput [--hidden 7168] [--writers 4 8]
 """
 
 from __future__ import annotations
@@ -64,7 +64,6 @@ def raw_disk_rate(nbytes: int) -> float:
 
 SHAPES = {4096: WIDE, 7168: {"hidden_size": 7168, "intermediate_size": 18432, "num_attention_heads": 56,
                              "num_key_value_heads": 8}}
-CAPTURES = {"capture": {}, "capture, 8 writers": {"capture_writers": 8}}  # extract keys of each capture server
 
 
 def main() -> None:
@@ -73,14 +72,19 @@ def main() -> None:
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--hidden", type=int, choices=sorted(SHAPES), default=4096)
-    hidden = ap.parse_args().hidden
+    ap.add_argument("--writers", type=int, nargs="+", default=[4, 8],
+                    help="one capture server per count (extract.capture_writers); on an H100 at 7168 only one fits "
+                         "beside the plain server")
+    args = ap.parse_args()
+    hidden = args.hidden
+    captures = {f"capture, {n} writers": {"capture_writers": n} for n in args.writers}  # each server's extract keys
     path = make_llama(f"wide{hidden}", 6, SHAPES[hidden])
     plain_cfg = config_for(path, "tput-plain", 31200, [0, 2, 4], "--disable-radix-cache", chunked_prefill=8192,
                            mem_fraction=0.25)
     caps = {name: config_for(path, f"tput-{i}", 31300 + 100 * i, [0, 2, 4], chunked_prefill=8192, mem_fraction=0.25,
-                             extract=keys) for i, (name, keys) in enumerate(CAPTURES.items())}
-    spec = capture_spec(caps["capture"])
-    staging = {name: WORK / f"tput-staging-{i}" for i, name in enumerate(CAPTURES)}
+                             extract=keys) for i, (name, keys) in enumerate(captures.items())}
+    spec = capture_spec(next(iter(caps.values())))
+    staging = {name: WORK / f"tput-staging-{i}" for i, name in enumerate(captures)}
     for d in staging.values():
         shutil.rmtree(d, ignore_errors=True)
         d.mkdir(parents=True)
@@ -105,7 +109,7 @@ def main() -> None:
     bpt = 4 * spec.hidden_size * 2
     disk = raw_disk_rate(tokens * bpt)
     bound = min(disk / bpt, statistics.median(r["plain_tok_s"] for r in rows))
-    for name in CAPTURES:
+    for name in captures:
         ratios = [r[name] / min(disk / bpt, r["plain_tok_s"]) for r in rows]
         print(f"{name} / min(plain, disk): median {statistics.median(ratios):.2f}x, worst {min(ratios):.2f}x over "
               f"{ROUNDS} rounds; {statistics.median(r[name] for r in rows) * bpt / 1e9:.2f} GB/s written")
@@ -113,7 +117,7 @@ def main() -> None:
           f"min(plain, disk) {bound:,.0f} tok/s")
     write_result(f"throughput-{hidden}", {"rounds": rows, "disk_bytes_per_s": disk, "bytes_per_token": bpt,
                                           "prompts": N, "prompt_tokens": LENGTH, "hidden": hidden,
-                                          "captures": CAPTURES})
+                                          "captures": captures})
     sys.exit(0)
 
 
