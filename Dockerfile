@@ -15,10 +15,12 @@ ARG VARIANT=gpu
 
 # --- GPU runtime: Python 3.12 (Ubuntu 24.04) and the hash-locked closure; then the build checks what
 # the image promises: SGLang 0.5.23, torch built for sm_120, SM120 code in torch / sgl_kernel /
-# flashinfer (read from the shared objects' fatbins, no GPU needed), flex attention importable.
+# flashinfer (read from the shared objects' fatbins, no GPU needed), flex attention importable, and
+# Mooncake's store (train.online.transport: mooncake, online training across hosts), which loads
+# libibverbs.so.1 at import. The CPU image has no Mooncake: its tests run the store from the venv.
 FROM ${BASE_IMAGE} AS runtime-gpu
 # hadolint ignore=DL3008
-RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ \
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ libibverbs1 \
  && rm -rf /var/lib/apt/lists/* && python3 -m venv --help >/dev/null
 COPY requirements/gpu.lock /tmp/gpu.lock
 COPY docker/cuda_archs.py /opt/eaglebox/cuda_archs.py
@@ -31,7 +33,8 @@ RUN python3 -c "import sglang, torch, sys; \
 v = sglang.__version__; a = torch.cuda.get_arch_list(); print('sglang', v, 'torch', torch.__version__, torch.version.cuda, a); \
 sys.exit(0 if v == '0.5.23' and 'sm_120' in a else 'the image must carry SGLang 0.5.23 and torch built for sm_120')" \
  && python3 /opt/eaglebox/cuda_archs.py check-installed \
- && python3 -c "from torch.nn.attention.flex_attention import flex_attention, create_block_mask; print('flex attention imports')"
+ && python3 -c "from torch.nn.attention.flex_attention import flex_attention, create_block_mask; print('flex attention imports')" \
+ && python3 -c "from mooncake.store import MooncakeDistributedStore; print('Mooncake store imports')"
 
 # --- CPU runtime: SGLang's run-time list without CUDA-only packages, from local wheels (no network),
 # and the sgl_kernel stand-in.

@@ -13,9 +13,13 @@ trap 'rm -f "$in"' EXIT
 {
   echo "sglang==0.5.23"
   echo "torch==2.14.1"
-  python3 docker/eaglebox-requirements.py --without sglang --without torch
+  # mooncake: train.online.transport mooncake (online training across hosts); its CPU build moves host bytes
+  python3 docker/eaglebox-requirements.py --extra mooncake --without sglang --without torch
   echo "setuptools"        # eaglebox installs with --no-build-isolation
 } > "$in"
+# the current lock's pins are uv's preferences (it keeps them where they still resolve): adding a package does
+# not move the rest of the closure
+grep -v '^#' requirements/gpu.lock > requirements/gpu.lock.tmp
 "$UV" pip compile "$in" --quiet --generate-hashes --no-header --emit-index-url --index-url https://pypi.org/simple \
   --python-version 3.12 --python-platform x86_64-manylinux_2_39 --no-annotate --index-strategy first-index \
   -o requirements/gpu.lock.tmp
