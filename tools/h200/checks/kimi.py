@@ -12,8 +12,9 @@ Stages, each skipped when its output exists (a run cut short continues where it 
    captured layers in the background (an fp32 forward on the host's cores while the GPU trains).
 4. ``eaglebox train`` twice on the same shards: the Llama-form draft (the target's RoPE, as a user's
    config gets it) and the ``deepseek_mla`` form (default RoPE, what the trainer implements for it).
-5. ``eaglebox bench`` for each form: target alone, trained draft and random control side by side,
-   concurrency 1 and 8, 3 rounds, outputs diffed against the target's greedy ones.
+5. ``eaglebox bench`` for each form against one target server started once for both (``bench.target_url``):
+   target alone, trained draft (and, beside the first form, the random control) side by side, concurrency 1
+   and 8, 3 rounds, outputs diffed against the target's greedy ones.
 
 A device call is at most 10 minutes, so the stages run in a worker in its own session and each call
 (``kimi.py --follow-s S``) starts it unless it runs and copies its results to $OUT until it ends or S
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -248,6 +250,24 @@ def offline_al(form: str) -> None:
         save()
 
 
+@contextmanager
+def shared_target(cfg):
+    """The target alone, started once for both forms' benches (``bench.target_url``) as ``eaglebox bench``
+    starts it: one target server's start and weights fewer than a target per bench. None once every bench
+    is done."""
+    from eaglebox.bench.rounds import server_cfg
+    from eaglebox.engine.launch import server_for
+    from eaglebox.engine.server import free_port
+
+    if all((WORK / f"bench-{form}" / "bench.png").exists() for form in FORMS):
+        yield None
+        return
+    with server_for(server_cfg(cfg, free_port(), None), "plain", WORK / "logs" / "bench-target.log") as srv:
+        RESULT["bench_target_startup_s"] = round(srv.startup_s, 1)
+        log(f"bench: the target alone up in {srv.startup_s:.0f} s, shared by both forms' benches")
+        yield srv.url
+
+
 def served_summary(form: str) -> None:
     bench = WORK / f"bench-{form}" / "bench.json"
     if bench.exists():
@@ -288,10 +308,13 @@ def work() -> None:
         parity = None
         if A.bench:
             over = bench_overrides() if A.device == "cuda" else []
-            for form in FORMS:
-                stage("bench", WORK / f"bench-{form}" / "bench.png", *form_overrides(form), *over, *A.bench_overrides,
-                      log_name=f"bench-{form}")
-                served_summary(form)
+            with shared_target(cfg_now()) as url:
+                for i, form in enumerate(FORMS):
+                    # the random control once, beside the first form: its AL (~1) does not depend on the form
+                    stage("bench", WORK / f"bench-{form}" / "bench.png", *form_overrides(form), *over,
+                          f"bench.target_url={url}", *(["bench.control=false"] if i else []), *A.bench_overrides,
+                          log_name=f"bench-{form}")
+                    served_summary(form)
         RESULT["done"] = True
     except Exception as err:
         RESULT.setdefault("errors", []).append(f"{type(err).__name__}: {err}")
