@@ -63,7 +63,7 @@ def train_cmd(out, *extra):
 def tree_bytes(folder) -> int:
     """Bytes of the files under ``folder`` (0 if it is gone); a file removed while it is read counts 0.
     ``os.scandir``, not ``Path.rglob`` + ``stat``: the same total for under half the CPU a pass, and the
-    sampler below makes ~200 passes a second beside the trainer and its server on the suite's two cores
+    sampler below makes a pass every ~5 ms beside the trainer and its server on the suite's two cores
     (benchmarks/spool_scan.py, benchmarks/results/suite-speed-cpu-2026-12-07-s25.txt)."""
     total = 0
     try:

@@ -31,7 +31,7 @@ from eaglebox.shards.spec import engine_version
 WARMUP_TOKENS = 16
 """Warm-up request length: the first requests compile SGLang's JIT and Triton kernels, kept out of rounds.
 The bench warms up every server it measures (the target at ``bench.target_url`` too), so the servers it
-starts skip SGLang's own warm-up request (``--skip-server-warmup``): the same work twice, ~9 s of a
+starts skip SGLang's own warm-up request (``--skip-server-warmup``): the same work twice, 6-9 s of a
 speculative server's start on a CPU under Triton's interpreter (docs/testing.md)."""
 
 
