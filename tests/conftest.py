@@ -220,9 +220,14 @@ MOONCAKE_SEGMENT = 32 << 20
 
 @pytest.fixture(scope="session")
 def mla_loop(tiny_mla_target, tmp_path_factory):
-    """The Kimi-shaped loop once a session (Triton's interpreter makes each step minutes): extract ->
-    parity -> check on the tiny DeepSeek-V3 target, timed; (folder, each step's CompletedProcess, seconds).
-    ``test_mla_loop.py`` checks the capture and the gate; ``test_mla_served.py`` serves its shards' drafts."""
+    """The Kimi-shaped loop once a session (Triton's interpreter makes each step minutes): ``eaglebox check``
+    (capture, train, export, offline AL: one capture server for all of it), then ``eaglebox parity`` on the
+    shards it captured, on the tiny DeepSeek-V3 target, timed; (folder, each step's CompletedProcess, seconds).
+    ``test_mla_loop.py`` checks the capture and the gate; ``test_mla_served.py`` serves its shards' drafts.
+    No ``eaglebox extract`` before the check: its capture is the check's (the same ``capture`` on the same
+    config), and a run of its own cost a second server start under the interpreter (docs/testing.md); the verb
+    runs on the Llama target (``tiny_shards``, ``test_extract.py``) and resuming an MLA capture in
+    ``test_mla_served.py`` (the MLA form's check on these shards)."""
     import json
     import time
 
@@ -230,11 +235,11 @@ def mla_loop(tiny_mla_target, tmp_path_factory):
     common = ["--config", str(TINY_MLA_CONFIG), f"extract.output_dir={d / 'shards'}",
               f"train.output_dir={d / 'train'}", f"bench.output_dir={d / 'bench'}"]
     steps, times = {}, {}
-    for verb in ("extract", "parity", "check"):
+    for verb in ("check", "parity"):
         t0 = time.monotonic()
         steps[verb] = eaglebox_cli(verb, *common, f"engine.port={free_port()}", timeout=1800)
         times[verb] = round(time.monotonic() - t0, 1)
-        if steps[verb].returncode != 0 and verb != "check":
+        if not (d / "shards" / "manifest.json").exists():  # nothing captured: nothing for parity to compare
             break
     print(json.dumps({"seconds": times}))
     return d, steps, times

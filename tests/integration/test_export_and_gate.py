@@ -129,3 +129,13 @@ def test_served_speculation_equals_greedy_and_agrees_with_offline_al(gate):
                       "served_per_request": served["acceptance"]["accept_length_per_request"],
                       "offline_per_request": offline["accept_length_per_request"][:n]}))
     assert abs(served_al - offline_al) / offline_al < 0.15
+    # the bench warmed up both servers it started itself: SGLang sent no warm-up request of its own before
+    # either was ready (launch_args warmup=False; ~9 s of the speculative server's start under the interpreter)
+    logs = sorted((d / "served").glob("server-*.log"))
+    assert [p.name for p in logs] == ["server-target.log", "server-trained-3_1_4.log"], logs
+    assert not [p.name for p in logs if sglang_warmed_up(p.read_text())]
+
+
+def sglang_warmed_up(log: str) -> bool:
+    """Whether the server in ``log`` answered a /generate (SGLang's own warm-up) before it said it was ready."""
+    return '"POST /generate' in log[:log.index("The server is fired up and ready to roll!")]

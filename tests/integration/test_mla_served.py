@@ -4,7 +4,7 @@ interpreter, float32; ``eaglebox_dev.cpu_patches`` for the MLA draft's RoPE and 
 MLA verify in torch).
 
 The Llama-form draft, its shards and its offline scores are the session's ``mla_loop`` (``conftest.py``:
-extract -> parity -> ``eaglebox check``, which ``test_mla_loop.py`` checks); one more ``check`` on the same
+``eaglebox check`` -> parity, which ``test_mla_loop.py`` checks); one more ``check`` on the same
 shards (the capture resumes, nothing is recaptured) trains and scores the MLA-form draft
 (``train.draft.architecture: deepseek_mla``, SGLang's ``Eagle3DeepseekV2ForCausalLM``). Each draft is then
 served on the first few held-out prompts of those offline scores, beside one target server that both benches
@@ -50,15 +50,16 @@ def mla_drafts(mla_loop):
 
 @pytest.fixture(scope="module")
 def served_target(tiny_mla_target, tmp_path_factory):
-    """The target alone as ``eaglebox bench`` starts it for ``SERVED`` (its model and engine flags, no draft),
-    started once for both forms' benches (``bench.target_url``)."""
+    """The target alone as ``eaglebox bench`` starts it for ``SERVED`` (its model and engine flags, no draft,
+    no warm-up of SGLang's own: each bench warms it up), started once for both forms' benches
+    (``bench.target_url``)."""
     from eaglebox.bench.rounds import server_cfg
     from eaglebox.config import load_config
     from eaglebox.engine.launch import server_for
 
     cfg = load_config(SERVED, [f"model.path={tiny_mla_target}"])
     with server_for(server_cfg(cfg, free_port(), None), "plain",
-                    tmp_path_factory.mktemp("served-target") / "server.log") as srv:
+                    tmp_path_factory.mktemp("served-target") / "server.log", warmup=False) as srv:
         yield srv.url
 
 

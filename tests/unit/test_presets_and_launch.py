@@ -179,3 +179,16 @@ def test_servers_wait_for_no_crash_dump_that_cannot_be_made(tmp_path):
         "SGLANG_CUDA_COREDUMP_BEFORE_CRASH": "0"}
     cfg = load_config("configs/tiny-cpu.yaml", [f"model.path={fake_model(tmp_path, LLAMA_CONFIG)}"])
     assert launch_env(cfg, "plain")["SGLANG_CUDA_COREDUMP_BEFORE_CRASH"] == "0"  # no CUDA here
+
+
+def test_servers_skip_sglangs_warm_up_only_where_the_caller_warms_them_up(tmp_path):
+    """``eaglebox bench`` warms up every server it measures, so the servers it starts send no warm-up request of
+    SGLang's own (``warmup=False``); ``eaglebox serve`` and every other plain or speculative start keep it; a
+    capture server never has one. The skipped request is checked on real servers in
+    tests/integration/test_export_and_gate.py (the served speculation test reads its bench's server logs)."""
+    cfg = load_config("configs/tiny-cpu-served.yaml", [f"model.path={fake_model(tmp_path, LLAMA_CONFIG)}"])
+    for mode in ("plain", "speculative"):
+        assert "--skip-server-warmup" not in launch_args(cfg, mode)
+        assert launch_args(cfg, mode, warmup=False).count("--skip-server-warmup") == 1
+    for warmup in (True, False):
+        assert launch_args(cfg, "capture", [0, 1, 2], warmup=warmup).count("--skip-server-warmup") == 1

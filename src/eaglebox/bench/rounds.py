@@ -29,7 +29,10 @@ from eaglebox.engine.server import SGLangServer, free_port
 from eaglebox.shards.spec import engine_version
 
 WARMUP_TOKENS = 16
-"""Warm-up request length: the first requests compile SGLang's JIT and Triton kernels, kept out of rounds."""
+"""Warm-up request length: the first requests compile SGLang's JIT and Triton kernels, kept out of rounds.
+The bench warms up every server it measures (the target at ``bench.target_url`` too), so the servers it
+starts skip SGLang's own warm-up request (``--skip-server-warmup``): the same work twice, 6-9 s of a
+speculative server's start on a CPU under Triton's interpreter (docs/testing.md)."""
 
 
 @dataclass(frozen=True)
@@ -119,7 +122,7 @@ class Bench:
 
     def start(self, stack: ExitStack, name: str, variant: Variant | None) -> SGLangServer:
         srv = server_for(server_cfg(self.cfg, free_port(), variant), "plain" if variant is None else "speculative",
-                         self.out_dir / f"server-{name.replace(' ', '-').replace('/', '_')}.log")
+                         self.out_dir / f"server-{name.replace(' ', '-').replace('/', '_')}.log", warmup=False)
         stack.callback(srv.stop)
         srv.launch()
         return srv

@@ -275,9 +275,13 @@ def base_args(cfg: Config) -> list[str]:
     return args + list(e.extra_args)
 
 
-def launch_args(cfg: Config, mode: Mode, layer_ids: list[int] | None = None) -> list[str]:
-    """``layer_ids``: the aux layers to capture (SGLang's convention), for ``capture`` only."""
+def launch_args(cfg: Config, mode: Mode, layer_ids: list[int] | None = None, warmup: bool = True) -> list[str]:
+    """``layer_ids``: the aux layers to capture (SGLang's convention), for ``capture`` only. ``warmup=False``:
+    SGLang sends no warm-up request of its own before it reports healthy, for a caller that warms the server
+    up itself (``eaglebox bench``); a capture server never warms up (its first request would be captured)."""
     args = base_args(cfg)
+    if not warmup and mode != "capture":
+        args.append("--skip-server-warmup")
     if mode == "capture":
         if layer_ids is None:
             raise ValueError("capture mode needs the layer ids to capture")
@@ -353,13 +357,13 @@ def no_crash_dump_waits(env: dict[str, str]) -> dict[str, str]:
 
 def server_for(cfg: Config, mode: Mode, log_path: Path, capture_dir: Path | None = None,
                layer_ids: list[int] | None = None, sample_header: dict | None = None,
-               transport_env: dict | None = None):
+               transport_env: dict | None = None, warmup: bool = True):
     """An (unstarted) :class:`SGLangServer` for ``cfg`` in ``mode``; ``capture`` writes ``layer_ids`` to
     ``capture_dir`` (or through ``transport_env``'s transport), each sample with ``sample_header``
-    (:func:`launch_env`)."""
+    (:func:`launch_env`); ``warmup``: see :func:`launch_args`."""
     from eaglebox.engine.server import SGLangServer
 
-    return SGLangServer(launch_args(cfg, mode, layer_ids), env=launch_env(cfg, mode, capture_dir, sample_header, transport_env),
+    return SGLangServer(launch_args(cfg, mode, layer_ids, warmup), env=launch_env(cfg, mode, capture_dir, sample_header, transport_env),
                         log_path=log_path, host=cfg.engine.host, port=cfg.engine.port,
                         startup_timeout_s=cfg.engine.startup_timeout_s,
                         writes_to=[capture_dir] if capture_dir is not None else [])
