@@ -262,7 +262,8 @@ def shared_target(cfg):
     if all((WORK / f"bench-{form}" / "bench.png").exists() for form in FORMS):
         yield None
         return
-    with server_for(server_cfg(cfg, free_port(), None), "plain", WORK / "logs" / "bench-target.log") as srv:
+    with server_for(server_cfg(cfg, free_port(), None), "plain", WORK / "logs" / "bench-target.log",
+                    warmup=False) as srv:  # as the bench starts its own: its rounds warm every server up
         RESULT["bench_target_startup_s"] = round(srv.startup_s, 1)
         log(f"bench: the target alone up in {srv.startup_s:.0f} s, shared by both forms' benches")
         yield srv.url
