@@ -114,7 +114,7 @@ def patch(module) -> None:
     import sglang
     from sglang.srt.runtime_context import get_parallel
 
-    from eaglebox.capture.sink import CaptureSink
+    from eaglebox.capture.sink import CAPTURE_WRITERS, CaptureSink
 
     check_sglang_version(sglang.__version__)
     cls = module.SchedulerBatchResultProcessor
@@ -129,7 +129,7 @@ def patch(module) -> None:
             sys.setswitchinterval(float(os.environ.get("EAGLEBOX_CAPTURE_SWITCH_INTERVAL_S", "0.0005")))
             state["sink"] = CaptureSink(os.environ["EAGLEBOX_CAPTURE_DIR"],
                                         buffer_bytes=int(os.environ.get("EAGLEBOX_CAPTURE_BUFFER_BYTES", 4 << 30)),
-                                        writers=int(os.environ.get("EAGLEBOX_CAPTURE_WRITERS", "4")),
+                                        writers=int(os.environ.get("EAGLEBOX_CAPTURE_WRITERS", CAPTURE_WRITERS)),
                                         nice_writers=os.environ.get("EAGLEBOX_CAPTURE_NICE_WRITERS") == "1",
                                         header=header, on_error=stop_server)
         return state["sink"]

@@ -53,6 +53,7 @@ from pathlib import Path
 
 import torch
 
+from eaglebox.config.schema import CAPTURE_WRITERS
 from eaglebox.shards.format import safetensors_blobs, tensor_sha256, write_safetensors
 
 SHARED_BYTES = 1 << 40
@@ -246,7 +247,7 @@ class _Writer:
 
 
 class CaptureSink:
-    def __init__(self, out_dir: str | Path, *, buffer_bytes: int = 4 << 30, writers: int = 4,
+    def __init__(self, out_dir: str | Path, *, buffer_bytes: int = 4 << 30, writers: int = CAPTURE_WRITERS,
                  nice_writers: bool = False, header: dict | None = None, on_error=None):
         self.out_dir = Path(out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)

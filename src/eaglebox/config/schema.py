@@ -14,6 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from eaglebox.target.layers import CONVENTIONS, Convention
 
+CAPTURE_WRITERS = 8
+"""Default threads of the capture server's writer process (``extract.capture_writers``; the sink's and the
+hook's default too): docs/measurements.md, "Measurements behind the code"."""
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -129,7 +133,7 @@ class ExtractConfig(Section):
     writer_buffer_mb: int = Field(4096, ge=1)
     """Feature bytes (MiB) the server may hold for samples waiting for the disk before its scheduler
     waits for the writer: bounds host memory in bytes, whatever the sample lengths."""
-    capture_writers: int = Field(8, ge=1, le=64)
+    capture_writers: int = Field(CAPTURE_WRITERS, ge=1, le=64)
     """Threads of the server's writer process; each hashes a sample, then writes and fsyncs it. 8: on a
     16-core GPU host 4 kept capture at 0.66x of the disk's rate, 8 at 0.94-1.00x (docs/measurements.md,
     "Measurements behind the code")."""
