@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
+from test_online import tree_bytes as scandir_bytes  # noqa: E402 -- the new scan, as the suite runs it
 
 
 def rglob_bytes(folder: Path) -> int:
@@ -22,24 +27,6 @@ def rglob_bytes(folder: Path) -> int:
     for f in folder.rglob("*") if folder.exists() else ():
         try:
             total += f.stat().st_size if f.is_file() else 0
-        except FileNotFoundError:
-            pass
-    return total
-
-
-def scandir_bytes(folder) -> int:
-    """The new scan: ``tests/integration/test_online.py`` ``tree_bytes``."""
-    total = 0
-    try:
-        entries = list(os.scandir(folder))
-    except FileNotFoundError:
-        return 0
-    for e in entries:
-        try:
-            if e.is_dir(follow_symlinks=False):
-                total += scandir_bytes(e.path)
-            elif e.is_file(follow_symlinks=False):
-                total += e.stat(follow_symlinks=False).st_size
         except FileNotFoundError:
             pass
     return total
