@@ -226,8 +226,8 @@ def mla_loop(tiny_mla_target, tmp_path_factory):
     ``test_mla_loop.py`` checks the capture and the gate; ``test_mla_served.py`` serves its shards' drafts.
     No ``eaglebox extract`` before the check: its capture is the check's (the same ``capture`` on the same
     config), and a run of its own cost a second server start under the interpreter (docs/testing.md); the verb
-    runs on the Llama target (``tiny_shards``, ``test_extract.py``) and resuming an MLA capture in
-    ``test_mla_served.py`` (the MLA form's check on these shards)."""
+    runs on the Llama target (``tiny_shards``, ``test_extract.py``); the MLA form's check on these shards
+    (``test_mla_served.py``) finds the capture complete and the held-out samples kept: no server."""
     import json
     import time
 

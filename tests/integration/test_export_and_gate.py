@@ -2,6 +2,7 @@
 the consistency gate passes with a trained draft and fails with random weights."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -98,11 +99,45 @@ def test_gate_passes_trained_and_rejects_random_weights(gate):
     assert corpus["answers"] > 400 and corpus["distinct_ratio"] >= 0.9, corpus
     assert corpus["repeated_ngram_dominant_share"] <= 0.01, corpus
 
-    # the same gate with the bar above what the draft reaches fails, with the numbers (resumes: no retraining;
-    # 3 steps cap AL at 4, so a few short prompts show it)
+    # the same gate with the bar above what the draft reaches (3 steps cap AL at 4) fails, with the numbers.
+    # It resumes: no retraining, and its capture is complete and its held-out samples kept, so no server
+    # starts and it scores the same samples as the first run
     r = eaglebox_cli("check", *args, f"engine.port={free_port()}", f"bench.output_dir={d / 'bench2'}",
-                     "bench.min_accept_length=4.5", "bench.num_prompts=4", "bench.max_new_tokens=16", timeout=1800)
-    assert r.returncode == 1 and "check FAILED: trained AL" in r.stdout
+                     "bench.min_accept_length=4.5", timeout=1800)
+    assert r.returncode == 1 and "check FAILED: trained AL" in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    again = json.loads((d / "bench2" / "check.json").read_text())
+    assert not (d / "bench2" / "gate-server.log").exists() and "server_start_s" not in again["timings"]
+    for k in ("trained", "random_control"):
+        assert again[k]["accept_length_per_request"] == report[k]["accept_length_per_request"]
+
+
+def test_gate_keeps_held_out_samples_only_under_their_key(gate, monkeypatch, tmp_path):
+    """What the re-run above reuses is keyed by everything that decides it, and verified on read: another
+    length or other prompts, or a kept file changed on disk, is not reused (the check collects again)."""
+    from eaglebox.config.load import load_config
+    from eaglebox.extract.collect import HELDOUT, heldout_key, load_heldout
+    from eaglebox.extract.prompts import heldout_prompts
+    from eaglebox.shards.spec import capture_spec
+    from eaglebox.target.tokenizer import load_tokenizer
+
+    d, args, _ = gate
+    monkeypatch.chdir(ROOT)  # the config's paths, as the CLI reads them
+    cfg = load_config(TINY_CONFIG, args[2:])
+    spec, tok = capture_spec(cfg), load_tokenizer(cfg.model)
+    prompts, n = heldout_prompts(cfg, tok), cfg.bench.max_new_tokens
+    keep = d / "shards" / HELDOUT
+    kept = load_heldout(keep, heldout_key(spec, prompts, n), prompts, spec)
+    assert kept is not None and len(kept) == len(prompts)
+    assert all(seq[:p].tolist() == prompt for (seq, _, p), prompt in zip(kept, prompts))
+    assert load_heldout(keep, heldout_key(spec, prompts, n - 1), prompts, spec) is None
+    assert load_heldout(keep, heldout_key(spec, prompts[:4], n), prompts[:4], spec) is None
+    copy = tmp_path / HELDOUT
+    shutil.copytree(keep, copy)
+    victim = next(copy.glob("*.safetensors"))
+    data = bytearray(victim.read_bytes())
+    data[-1] ^= 1
+    victim.write_bytes(bytes(data))
+    assert load_heldout(copy, heldout_key(spec, prompts, n), prompts, spec) is None
 
 
 SERVED = ROOT / "configs" / "tiny-cpu-served.yaml"

@@ -44,6 +44,9 @@ def mla_drafts(mla_loop):
                      f"train.output_dir={d / form / 'train'}", f"bench.output_dir={d / form / 'bench'}",
                      f"engine.port={free_port()}", *overrides, timeout=2400)
     assert r.returncode == 0, f"{form}: " + r.stdout[-3000:] + r.stderr[-3000:]
+    # the capture is complete and the loop's check kept its held-out samples (the draft form is no part of
+    # their key): this check starts no server
+    assert not (d / form / "bench" / "gate-server.log").exists(), r.stdout[-3000:]
     out[form] = (d / form / "train" / "draft", json.loads((d / form / "bench" / "check.json").read_text()))
     return d, out
 

@@ -49,14 +49,27 @@ def sampling_params(e) -> dict:
             "repetition_penalty": e.regenerate_repetition_penalty}
 
 
+def _keys(e: ExtractConfig, rows: list[Row]) -> dict[int, str]:
+    settings = {"sampling": sampling_params(e), "chat_template": read_chat_template(e.chat_template)}
+    return {r.line: cache_key(r.messages, settings) for r in rows if r.messages is not None}
+
+
+def cached_rows(e: ExtractConfig, rows: list[Row], out_dir: Path) -> list[Row] | None:
+    """``rows`` with every answer from the cache, or None when one is missing: lets a resumed run
+    know its capture without starting a server."""
+    done, keys = _load_cache(out_dir / CACHE), _keys(e, rows)
+    if any(k not in done for k in keys.values()):
+        return None
+    return [Row(r.line, r.id, messages=done[keys[r.line]]) if r.messages is not None else r for r in rows]
+
+
 def regenerate(e: ExtractConfig, rows: list[Row], client, tokenizer, out_dir: Path, log=print) -> list[Row]:
     template = read_chat_template(e.chat_template)
     sampling = sampling_params(e)
-    settings = {"sampling": sampling, "chat_template": template}
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / CACHE
     done = _load_cache(path)
-    keys = {r.line: cache_key(r.messages, settings) for r in rows if r.messages is not None}
+    keys = _keys(e, rows)
     todo = [r for r in rows if r.messages is not None and keys[r.line] not in done]
     if any(r.messages is None for r in rows):
         log("regenerate: plain-text rows are kept as they are")

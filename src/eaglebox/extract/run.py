@@ -90,6 +90,22 @@ def capture(e: ExtractConfig, url: str, spec: CaptureSpec, tokenizer, plan: Plan
                        report=report)
 
 
+def captured(e: ExtractConfig, spec: CaptureSpec, tokenizer, plan: Plan, log=print) -> bool:
+    """Whether every shard of the plan is already in the manifest (a resumed run with nothing to capture),
+    found without a server: with ``extract.regenerate``, only when every answer is in its cache."""
+    planned = plan.planned
+    if planned is None:
+        from eaglebox.extract.regenerate import cached_rows
+
+        rows = cached_rows(e, plan.rows, Path(e.output_dir))
+        if rows is None:
+            return False
+        planned = plan_samples(e, rows, tokenizer, spec, log)
+    manifest = check_resume(e, planned, spec)
+    done = {s["file"] for s in (manifest or {}).get("shards", [])}
+    return bool(planned) and all(shard_name(i) in done for i in range(-(-len(planned) // e.shard_size)))
+
+
 def open_output(e: ExtractConfig, spec: CaptureSpec, manifest: dict | None, staging: Path) -> dict:
     """Make the output and staging folders, drop the files of writers killed mid-file (their samples are
     captured again) and return the manifest to extend (a new one when ``manifest`` is None)."""

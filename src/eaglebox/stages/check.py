@@ -2,7 +2,9 @@
 exits non-zero with the numbers when it fails.
 
 One capture server does all the engine work (features for training, greedy continuations and
-their features for evaluation). The trained draft must reach ``bench.min_accept_length``; a draft
+their features for evaluation). The held-out samples are kept beside the shards (``heldout/``, keyed by
+the capture spec, the prompts' ids and ``bench.max_new_tokens``): a re-run whose capture is complete and
+whose key matches starts no server. The trained draft must reach ``bench.min_accept_length``; a draft
 with random weights and the same vocabulary is the negative control that shows the gate can fail.
 """
 
@@ -19,12 +21,12 @@ RANDOM_CONTROL_MAX_AL = 1.3
 
 def run_gate(cfg, log=print) -> dict:
     from eaglebox.draft.offline import evaluate_draft
-    from eaglebox.extract.collect import collect
+    from eaglebox.extract.collect import HELDOUT, collect, heldout_key, load_heldout
     from eaglebox.extract.commit import feature_bound, staging_dir
     from eaglebox.extract.diversity import corpus_report
     from eaglebox.extract.http import Client
     from eaglebox.extract.prompts import heldout_prompts
-    from eaglebox.extract.run import capture, capture_server, prepare
+    from eaglebox.extract.run import capture, capture_server, captured, prepare
     from eaglebox.shards.spec import capture_spec
     from eaglebox.target.tokenizer import load_tokenizer
     from eaglebox.target.weights import load_embed_and_head
@@ -44,16 +46,27 @@ def run_gate(cfg, log=print) -> dict:
     staging = staging_dir(cfg.extract)
     t0 = time.monotonic()
     timings = {}
-    with capture_server(cfg, spec, out / "gate-server.log") as srv:
-        timings["server_start_s"] = round(srv.startup_s, 1)
-        capture(cfg.extract, srv.url, spec, tok, plan, staging, bound=bound, alive=srv.alive, log=log)
-        timings["extract_s"] = round(time.monotonic() - t0, 1)
+    keep = Path(cfg.extract.output_dir) / HELDOUT
+    key = heldout_key(spec, prompts, cfg.bench.max_new_tokens)
+    samples = load_heldout(keep, key, prompts, spec, log) if captured(cfg.extract, spec, tok, plan, log) else None
+    if samples is not None:
+        log(f"check: capture complete and held-out samples kept in {keep}: no server")
         t1 = time.monotonic()
         trained = run_train(cfg, spec, log=log)
         timings["train_s"] = round(time.monotonic() - t1, 1)
         t2 = time.monotonic()
-        client = Client(srv.url, cfg.extract.max_retries, cfg.extract.retry_backoff_s, srv.alive)
-        samples = collect(client, prompts, cfg.bench.max_new_tokens, staging, spec, cfg.extract.concurrency)
+    else:
+        with capture_server(cfg, spec, out / "gate-server.log") as srv:
+            timings["server_start_s"] = round(srv.startup_s, 1)
+            capture(cfg.extract, srv.url, spec, tok, plan, staging, bound=bound, alive=srv.alive, log=log)
+            timings["extract_s"] = round(time.monotonic() - t0, 1)
+            t1 = time.monotonic()
+            trained = run_train(cfg, spec, log=log)
+            timings["train_s"] = round(time.monotonic() - t1, 1)
+            t2 = time.monotonic()
+            client = Client(srv.url, cfg.extract.max_retries, cfg.extract.retry_backoff_s, srv.alive)
+            samples = collect(client, prompts, cfg.bench.max_new_tokens, staging, spec, cfg.extract.concurrency,
+                              keep=keep, key=key)
     corpus = corpus_report(cfg.extract, tok)  # what the AL is measured on: how varied the target's answers are
     embed, _ = load_embed_and_head(Path(cfg.model.path))
     random_dir = export_control_draft(trained, Path(cfg.train.output_dir) / "random-draft", cfg.train.seed)
