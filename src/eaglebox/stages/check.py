@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 from eaglebox.errors import EagleboxError
@@ -49,21 +50,20 @@ def run_gate(cfg, log=print) -> dict:
     keep = Path(cfg.extract.output_dir) / HELDOUT
     key = heldout_key(spec, prompts, cfg.bench.max_new_tokens)
     samples = load_heldout(keep, key, prompts, spec, log) if captured(cfg.extract, spec, tok, plan, log) else None
-    if samples is not None:
-        log(f"check: capture complete and held-out samples kept in {keep}: no server")
+    with ExitStack() as stack:
+        if samples is not None:
+            srv = None
+            log(f"check: capture complete and held-out samples kept in {keep}: no server")
+        else:
+            srv = stack.enter_context(capture_server(cfg, spec, out / "gate-server.log"))
+            timings["server_start_s"] = round(srv.startup_s, 1)
+            capture(cfg.extract, srv.url, spec, tok, plan, staging, bound=bound, alive=srv.alive, log=log)
+            timings["extract_s"] = round(time.monotonic() - t0, 1)
         t1 = time.monotonic()
         trained = run_train(cfg, spec, log=log)
         timings["train_s"] = round(time.monotonic() - t1, 1)
         t2 = time.monotonic()
-    else:
-        with capture_server(cfg, spec, out / "gate-server.log") as srv:
-            timings["server_start_s"] = round(srv.startup_s, 1)
-            capture(cfg.extract, srv.url, spec, tok, plan, staging, bound=bound, alive=srv.alive, log=log)
-            timings["extract_s"] = round(time.monotonic() - t0, 1)
-            t1 = time.monotonic()
-            trained = run_train(cfg, spec, log=log)
-            timings["train_s"] = round(time.monotonic() - t1, 1)
-            t2 = time.monotonic()
+        if srv is not None:
             client = Client(srv.url, cfg.extract.max_retries, cfg.extract.retry_backoff_s, srv.alive)
             samples = collect(client, prompts, cfg.bench.max_new_tokens, staging, spec, cfg.extract.concurrency,
                               keep=keep, key=key)
