@@ -31,6 +31,7 @@ from eaglebox.target.weights import load_embed_and_head
 from eaglebox.train import checkpoint, heldout
 from eaglebox.train.data import batch_indices, collate, prefetch, steps_per_epoch
 from eaglebox.train.dist import Dist
+from eaglebox.train.kernel_check import check_kernels
 from eaglebox.train.model import PAD_MULTIPLE, Eagle3Draft
 from eaglebox.train.step import make_optimizer, make_step
 from eaglebox.train.ttt import attention_choices
@@ -173,7 +174,8 @@ def data_order(reader: ShardReader, t) -> dict:
 
 def build_draft(cfg, reader: ShardReader, d: Dist):
     """The draft at step 0 on ``d``'s device: the target's frozen embedding, the draft vocabulary counted
-    over the shards (collective), compiled steps on a GPU; with the target's lm_head there too."""
+    over the shards (collective), compiled steps on a GPU, measured against the eager ones (kernel_check);
+    with the target's lm_head there too."""
     t = cfg.train
     spec = draft_spec(cfg.model.path, t.draft, num_aux=len(reader.capture.layers.layer_ids))
     model = Eagle3Draft(spec, loss=t.loss)
@@ -187,6 +189,7 @@ def build_draft(cfg, reader: ShardReader, d: Dist):
     model.to(d.device)
     if d.device.type == "cuda":
         model.compile_steps(t.max_length)
+        check_kernels(model, t.ttt_length, d.device)
     return spec, model, embed, head.to(d.device)
 
 

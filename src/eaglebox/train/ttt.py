@@ -99,6 +99,12 @@ def device_attention_choice(device: torch.device) -> dict:
     return _attention_choices[key]
 
 
+def note_attention(device: torch.device, **fields) -> None:
+    """Add ``fields`` to ``device``'s entry of :func:`attention_choices` (:mod:`eaglebox.train.kernel_check`'s
+    measurement, or the kernel it fell back to)."""
+    _attention_choices.setdefault(str(device), {}).update(fields)
+
+
 def attention_choices() -> dict:
     """The choices made so far, by device: what the run report records."""
     return {k: dict(v) for k, v in _attention_choices.items()}
