@@ -113,7 +113,8 @@ def test_gate_passes_trained_and_rejects_random_weights(gate):
 
 def test_gate_keeps_held_out_samples_only_under_their_key(gate, monkeypatch, tmp_path):
     """What the re-run above reuses is keyed by everything that decides it, and verified on read: another
-    length or other prompts, or a kept file changed on disk, is not reused (the check collects again)."""
+    length, other prompts or another concurrency, a kept file changed on disk or an unreadable index is not
+    reused (the check collects again, and says why)."""
     from eaglebox.config.load import load_config
     from eaglebox.extract.collect import HELDOUT, heldout_key, load_heldout
     from eaglebox.extract.prompts import heldout_prompts
@@ -124,20 +125,26 @@ def test_gate_keeps_held_out_samples_only_under_their_key(gate, monkeypatch, tmp
     monkeypatch.chdir(ROOT)  # the config's paths, as the CLI reads them
     cfg = load_config(TINY_CONFIG, args[2:])
     spec, tok = capture_spec(cfg), load_tokenizer(cfg.model)
-    prompts, n = heldout_prompts(cfg, tok), cfg.bench.max_new_tokens
+    prompts, n, c = heldout_prompts(cfg, tok), cfg.bench.max_new_tokens, cfg.extract.concurrency
     keep = d / "shards" / HELDOUT
-    kept = load_heldout(keep, heldout_key(spec, prompts, n), prompts, spec)
+    kept = load_heldout(keep, heldout_key(spec, prompts, n, c), prompts, spec)
     assert kept is not None and len(kept) == len(prompts)
     assert all(seq[:p].tolist() == prompt for (seq, _, p), prompt in zip(kept, prompts))
-    assert load_heldout(keep, heldout_key(spec, prompts, n - 1), prompts, spec) is None
-    assert load_heldout(keep, heldout_key(spec, prompts[:4], n), prompts[:4], spec) is None
+    assert load_heldout(keep, heldout_key(spec, prompts, n - 1, c), prompts, spec) is None
+    assert load_heldout(keep, heldout_key(spec, prompts[:4], n, c), prompts[:4], spec) is None
+    assert load_heldout(keep, heldout_key(spec, prompts, n, c + 1), prompts, spec) is None
     copy = tmp_path / HELDOUT
     shutil.copytree(keep, copy)
     victim = next(copy.glob("*.safetensors"))
     data = bytearray(victim.read_bytes())
     data[-1] ^= 1
     victim.write_bytes(bytes(data))
-    assert load_heldout(copy, heldout_key(spec, prompts, n), prompts, spec) is None
+    assert load_heldout(copy, heldout_key(spec, prompts, n, c), prompts, spec) is None
+    (copy / "heldout.json").write_text("{")
+    said = []
+    assert load_heldout(copy, heldout_key(spec, prompts, n, c), prompts, spec, said.append) is None
+    assert said == [f"check: {copy / 'heldout.json'} is unreadable (Expecting property name enclosed in double "
+                    "quotes: line 1 column 2 (char 1)): collecting the held-out samples again"]
 
 
 SERVED = ROOT / "configs" / "tiny-cpu-served.yaml"

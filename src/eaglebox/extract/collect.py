@@ -28,23 +28,26 @@ def greedy(client: Client, prompt: list[int], max_new_tokens: int) -> list[int]:
     return out["output_ids"]
 
 
-def heldout_key(spec: CaptureSpec, prompts: list[list[int]], max_new_tokens: int) -> str:
+def heldout_key(spec: CaptureSpec, prompts: list[list[int]], max_new_tokens: int, concurrency: int) -> str:
     """Everything that decides the held-out samples: the spec (target weights, engine, its flags, layers),
-    the prompts' token ids and the continuation length (greedy, so no other sampling setting)."""
-    text = json.dumps([spec.as_json(), prompts, max_new_tokens, "greedy"], sort_keys=True)
+    the prompts' token ids, the continuation length (greedy, so no other sampling setting) and the requests
+    in flight (a decode batch of another size may break a near-tie otherwise)."""
+    text = json.dumps([spec.as_json(), prompts, max_new_tokens, "greedy", concurrency], sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()
 
 
 def load_heldout(folder: Path, key: str, prompts: list[list[int]], spec: CaptureSpec, log=print):
     """:func:`collect`'s samples as kept in ``folder`` under ``key``, each file verified as a committed
-    sample is; None when nothing is kept, another key is, or a file fails (they are collected again)."""
+    sample is; None when nothing is kept, the index is unreadable, another key is kept, or a file fails
+    (they are collected again)."""
     index = folder / HELDOUT_INDEX
     if not index.exists():
         return None
     try:
         kept = json.loads(index.read_text())
-    except (OSError, json.JSONDecodeError):
-        kept = {}
+    except (OSError, json.JSONDecodeError) as err:
+        log(f"check: {index} is unreadable ({err}): collecting the held-out samples again")
+        return None
     if kept.get("key") != key:
         log(f"check: {folder} holds held-out samples of another capture, prompts or length: collecting again")
         return None

@@ -101,9 +101,18 @@ def captured(e: ExtractConfig, spec: CaptureSpec, tokenizer, plan: Plan, log=pri
         if rows is None:
             return False
         planned = plan_samples(e, rows, tokenizer, spec, log)
-    manifest = check_resume(e, planned, spec)
-    done = {s["file"] for s in (manifest or {}).get("shards", [])}
-    return bool(planned) and all(shard_name(i) in done for i in range(-(-len(planned) // e.shard_size)))
+    done = committed(check_resume(e, planned, spec))
+    return bool(planned) and all(shard_name(i) in done for i in range(len(split(planned, e.shard_size))))
+
+
+def split(planned: list[Planned], shard_size: int) -> list[list[Planned]]:
+    """The plan's shards, in order: shard ``i`` is ``shard_name(i)``."""
+    return [planned[i : i + shard_size] for i in range(0, len(planned), shard_size)]
+
+
+def committed(manifest: dict | None) -> dict[str, dict]:
+    """The manifest's committed shards by file name."""
+    return {s["file"]: s for s in (manifest or {}).get("shards", [])}
 
 
 def open_output(e: ExtractConfig, spec: CaptureSpec, manifest: dict | None, staging: Path) -> dict:
@@ -127,8 +136,8 @@ def run_extract(e: ExtractConfig, url: str, spec: CaptureSpec, planned: list[Pla
     ``bound`` is the largest |feature| a sample may hold (:func:`~eaglebox.extract.commit.feature_bound`).
     """
     out = Path(e.output_dir)
-    shards = [planned[i : i + e.shard_size] for i in range(0, len(planned), e.shard_size)]
-    done = {s["file"]: s for s in (manifest or {}).get("shards", [])}
+    shards = split(planned, e.shard_size)
+    done = committed(manifest)
     manifest = open_output(e, spec, manifest, staging)
     for name in set_aside_damaged(out, manifest, e.concurrency, log):
         manifest["shards"] = [s for s in manifest["shards"] if s["file"] != name]

@@ -48,7 +48,7 @@ def run_gate(cfg, log=print) -> dict:
     t0 = time.monotonic()
     timings = {}
     keep = Path(cfg.extract.output_dir) / HELDOUT
-    key = heldout_key(spec, prompts, cfg.bench.max_new_tokens)
+    key = heldout_key(spec, prompts, cfg.bench.max_new_tokens, cfg.extract.concurrency)
     samples = load_heldout(keep, key, prompts, spec, log) if captured(cfg.extract, spec, tok, plan, log) else None
     with ExitStack() as stack:
         if samples is not None:
