@@ -77,6 +77,9 @@ class Window:
     """1-based number of the prompt's first line."""
     prompt: str
     answer: str
+    tokens: tuple[int, int]
+    """The prompt's and the answer's tokens: over :data:`PROMPT_TOKENS` or :data:`ANSWER_TOKENS` where one
+    line alone is longer."""
 
 
 def stdlib_root() -> Path:
@@ -199,7 +202,7 @@ def windows(text: str, encoding) -> list[Window]:
             a, j = a + counts[j], j + 1
         if a < MIN_ANSWER_TOKENS:  # the file's end: no room for an answer after this prompt
             break
-        out.append(Window(start + 1, "".join(lines[start:i]), "".join(lines[i:j])))
+        out.append(Window(start + 1, "".join(lines[start:i]), "".join(lines[i:j]), (n, a)))
         start = j
     return out
 
@@ -322,7 +325,8 @@ def build_site(out: Path, corpus: Path, roots: list[Path], max_rows: int, seed: 
     (shuffled), and ``out/site-manifest.json`` (returned). Files are taken in :func:`path_order`, which
     spreads the rows over packages whatever ``max_rows`` is, and read only until there are enough. A path
     already taken (CORPUS's own files, an earlier root) or a text already taken (vendored copies) is taken
-    once; held-out paths and copies of held-out rows are not taken."""
+    once; held-out paths and copies of held-out rows are not taken, nor a window that one long line puts
+    over its tokens."""
     from transformers import AutoTokenizer
 
     t0 = time.monotonic()
@@ -345,6 +349,7 @@ def build_site(out: Path, corpus: Path, roots: list[Path], max_rows: int, seed: 
     order = sorted(where, key=path_order)
     seen: set[bytes] = set()
     rows: list[dict] = []
+    long_lines_cut = 0
     for i in range(0, len(order), SITE_CHUNK):
         if len(rows) >= max_rows:
             break
@@ -362,7 +367,11 @@ def build_site(out: Path, corpus: Path, roots: list[Path], max_rows: int, seed: 
                 skipped[why] += 1
             else:
                 chunk[rel] = text
-        rows += [conversation(p, w) for p, w in cut(list(chunk), chunk, backend)]
+        for p, w in cut(list(chunk), chunk, backend):
+            if w.tokens[0] > PROMPT_TOKENS[1] or w.tokens[1] > ANSWER_TOKENS:
+                long_lines_cut += 1  # data on one line; a prompt past the target's context would stop regeneration
+            else:
+                rows.append(conversation(p, w))
     rows = rows[:max_rows]
     if not rows:
         raise SystemExit(f"code corpus: no installed *.py file under {[str(r) for r in roots]} gave a window")
@@ -374,6 +383,7 @@ def build_site(out: Path, corpus: Path, roots: list[Path], max_rows: int, seed: 
         "max_rows": max_rows, "seed": seed,
         "files": {"candidates": len(order), "taken": len({r["id"].rsplit(":", 1)[0] for r in rows}),
                   "skipped": dict(skipped)},
+        "windows_over_their_tokens": long_lines_cut,
         "site": side_stats(rows, backend), "sha256": {"site.jsonl": sha},
         "seconds": round(time.monotonic() - t0, 2),
     }
