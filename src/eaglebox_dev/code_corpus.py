@@ -417,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         m = build_site(a.out, a.site_of, a.root or site_roots(), a.max_rows, a.seed)
         print(f"code corpus: installed packages of Python {m['python']} ({', '.join(m['roots'])}) -> {a.out}")
         print_side("site", m["files"]["taken"], m["site"])
-        print(f"  of {m['files']['candidates']} files, skipped {m['files']['skipped']}; {m['seconds']} s")
+        print(f"  of {m['files']['candidates']} files, skipped {m['files']['skipped']}; "
+              f"{m['windows_over_their_tokens']} windows over their tokens dropped; {m['seconds']} s")
         return 0
     if a.root is not None or a.max_rows is not None:
         p.error("--root and --max-rows go with --site-of")

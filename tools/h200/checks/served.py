@@ -568,7 +568,8 @@ def collect() -> None:
     with tarfile.open(OUT / "logs.tar.gz.tmp", "w:gz") as tar:
         for p in [*(WORK / "logs").glob("*.log"), WORK / "worker.log", shards / "corpus.json", shards / "manifest.json",
                   site_dir() / "site-manifest.json",
-                  *(train / n for n in ("metrics.jsonl", "evals.jsonl", "report.json")), *bench.glob("server-*.log"),
+                  *(train / n for n in ("metrics.jsonl", "evals.jsonl", "report.json", "capture-server.log")),
+                  *bench.glob("server-*.log"),
                   CONFIG]:
             if p.exists():
                 tar.add(p, arcname=p.name)
