@@ -16,6 +16,12 @@ Stages, each skipped when its output exists (a run cut short continues where it 
    model's (``--load-format dummy``), both served plain, alternating rounds.
 5. ``--online-only`` (issue 31): after extraction, trainer tokens/s offline vs ``train.data=online`` with
    a capture server on the same GPU, alternating rounds, and the server capturing alone (docs/served-gpu.md).
+6. ``--online-train N`` (issue 39): instead of extraction, the draft trains with ``train.data=online`` over
+   the first N of the stdlib's train rows and windows of the machine's installed packages (built here, on the
+   CPU while the target trains: they would not fit the carry), so its data is not bounded by the disk.
+
+Every mode regenerates its answers first with the 4-layer model on a plain server of its own
+(:func:`stage_regenerate`); ``eaglebox extract`` and ``eaglebox train`` then find them all cached.
 
 A device call is at most 10 minutes and the machine goes back 30 s after one, so the stages run in a
 worker in its own session (it outlives the call); each call (``served.py --follow-s S``) starts the worker
@@ -31,6 +37,7 @@ import argparse
 import json
 import lzma
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -55,6 +62,11 @@ WIDE = {"hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 
         "head_dim": 128}
 DEVICE = "cuda"  # --smoke: "cpu", and a tiny WIDE (the flow on a machine without a GPU)
 PLACEMENT = (0, 8, 16, 24)
+REGENERATE = ("engine.max_total_tokens=400000", "extract.concurrency=512")
+"""The regeneration server's KV pool and requests at once: the 4-layer model's KV is 16 KiB a token (1/8 of
+the target's), so 512 answers of ~550 tokens at once take ~4.5 GB; it runs alone on the GPU."""
+ONLINE_ENGINE = ("engine.max_total_tokens=100000",)
+"""The capture server beside an online trainer: ~12 GB of KV, room for the loader's samples in flight."""
 LAYERS = 32
 START = time.monotonic()
 RESULT: dict = {}
@@ -212,6 +224,68 @@ def write_data() -> None:
             path.write_text(text())
 
 
+# ---------------------------------------------------------------- online training over more data (issue 39)
+
+def site_dir() -> Path:
+    return WORK / "data" / "site"
+
+
+def start_site_build(rows: int) -> subprocess.Popen | None:
+    """``code_corpus --site-of``: up to ``rows`` windows of this machine's installed packages, in a process
+    of its own (on the CPU, while the target trains on the GPU); None when a resumed worker has them."""
+    if (site_dir() / "site-manifest.json").exists():
+        return None
+    cmd = [sys.executable, "-m", "eaglebox_dev.code_corpus", "--out", str(site_dir()), "--site-of", str(CORPUS),
+           "--max-rows", str(rows)]
+    log("run: " + " ".join(cmd[1:]))
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=open(WORK / "logs" / "site-corpus.log", "ab"), stderr=subprocess.STDOUT)
+
+
+def online_dataset(proc: subprocess.Popen | None, n: int) -> list[str]:
+    """The online run's data overrides: ``extract.dataset``, the stdlib's train rows and the installed
+    packages' windows shuffled together, of which ``extract.max_samples`` takes the first ``n``."""
+    if proc is not None and proc.wait():
+        raise RuntimeError(f"the installed packages' corpus failed (exit {proc.returncode}); see logs/site-corpus.log")
+    m = json.loads((site_dir() / "site-manifest.json").read_text())
+    RESULT["site_corpus"] = {k: m[k] for k in ("roots", "files", "site", "seconds")}
+    path = Path(cfg_now().extract.dataset).with_name("train-online.jsonl")
+    if not path.exists():
+        rows = train_rows() + (site_dir() / "site.jsonl").read_text().splitlines()
+        if len(rows) < n:
+            raise RuntimeError(f"--online-train {n}: the stdlib's train rows and the installed packages' windows "
+                               f"are {len(rows)}")
+        random.Random(0).shuffle(rows)
+        path.write_text("\n".join(rows) + "\n")
+    log(f"online: {m['site']['rows']:,} windows of {m['files']['taken']} installed files in {m['seconds']:.0f} s; "
+        f"training on the first {n:,} rows of {path}")
+    save()
+    return [f"extract.dataset={path}", f"extract.max_samples={n}"]
+
+
+def online_train_overrides(data: list[str], mem_fraction: float) -> list[str]:
+    """``eaglebox train`` with ``train.data=online``: its own capture server takes ``mem_fraction`` of the GPU
+    (the trainer the rest). Nothing is stored but the samples in flight, so their room is checked against the
+    free disk here, in one error."""
+    from eaglebox.extract.online import in_flight, in_flight_reserve
+    from eaglebox.shards.spec import capture_spec
+
+    spool = WORK / "online-spool"
+    overrides = [*data, "train.data=online", f"train.online.spool_dir={spool}",
+                 f"engine.mem_fraction_static={mem_fraction}", *ONLINE_ENGINE]
+    cfg = cfg_now(*overrides)
+    flying = in_flight(cfg)
+    need = in_flight_reserve(cfg.extract.max_length, capture_spec(cfg), flying)
+    free = shutil.disk_usage(WORK).free
+    RESULT["online_train"] = {"samples": cfg.extract.max_samples, "in_flight_samples": flying,
+                              "spool_bytes_max": need, "free_gb": round(free / 1e9, 1), "overrides": overrides}
+    if need > free:
+        raise RuntimeError(f"online: the spool needs {need / 1e9:.1f} GB for {flying} samples in flight, "
+                           f"{free / 1e9:.1f} GB are free")
+    log(f"online: {flying} samples in flight at most, {need / 1e9:.1f} GB of spool ({free / 1e9:.1f} GB free)")
+    save()
+    return overrides
+
+
 # ---------------------------------------------------------------- extract, train, bench
 
 def eaglebox(verb: str, *overrides: str, log_name: str | None = None) -> int:
@@ -236,6 +310,38 @@ def fit_samples(cfg, tokens_a_sample: int = 560, keep_free: float = 0.15) -> str
     RESULT["disk"] = {"free_gb": round(free / 1e9, 1), "samples_fit": fits, "max_samples": n}
     log(f"extract: {free / 1e9:.1f} GB free: {fits} samples fit, extracting {n}")
     return f"extract.max_samples={n}"
+
+
+def stage_regenerate(*overrides: str) -> None:
+    """The prompts' answers (``cfg``'s extract rows), regenerated greedily by the 4-layer model that the
+    target pads, on a plain server of its own: its logits are the target's (:func:`check_pass_through`: the
+    pass-through layers add exactly 0), at 1/8 of the decode cost and KV, and greedy decoding is what
+    regeneration asks. The answers go to the cache ``eaglebox extract`` and ``eaglebox train`` read
+    (``extract.output_dir/regenerated.jsonl``, keyed by conversation and sampling settings), so neither
+    regenerates through the 32-layer capture server, which took 175 s for 2,000 answers on the H200."""
+    from eaglebox.engine.launch import server_for
+    from eaglebox.extract.http import Client
+    from eaglebox.extract.plan import select_rows
+    from eaglebox.extract.regenerate import cached_rows, regenerate
+    from eaglebox.target.tokenizer import load_tokenizer
+
+    cfg = cfg_now(*overrides, *REGENERATE, f"model.path={WORK / 'shallow'}")
+    e, out = cfg.extract, Path(cfg.extract.output_dir)
+    rows = select_rows(e, log)
+    if cached_rows(e, rows, out) is not None:
+        return
+    t0 = time.monotonic()
+    with server_for(cfg, "plain", WORK / "logs" / "regenerate-server.log") as srv:
+        log(f"regenerate: the 4-layer model's server up in {srv.startup_s:.0f} s; {len(rows):,} prompts")
+        t1 = time.monotonic()
+        regenerate(e, rows, Client(srv.url, e.max_retries, e.retry_backoff_s, srv.alive), load_tokenizer(cfg.model),
+                   out, log)
+        s = time.monotonic() - t1
+    RESULT["regenerate"] = {"prompts": len(rows), "server_start_s": round(srv.startup_s, 1), "s": round(s, 1),
+                            "prompts_per_s": round(len(rows) / s, 1), "overrides": [*overrides, *REGENERATE],
+                            "total_s": round(time.monotonic() - t0, 1)}
+    log(f"regenerate: {len(rows):,} answers in {s:.0f} s ({len(rows) / s:.1f}/s)")
+    save()
 
 
 def bench_overrides() -> list[str]:
@@ -416,17 +522,26 @@ def work(a) -> None:
             write_data()
             stage_decode_reference(shape=target_shape())
             return
+        site = start_site_build(a.online_train) if a.online_train else None
         stage_target(a)
         write_data()
         cfg = cfg_now()
-        manifest = Path(cfg.extract.output_dir) / "manifest.json"
-        if not manifest.exists():  # a resumed worker keeps the disk figures the extraction ran with
-            stage("extract", manifest, *a.extract_overrides, fit_samples(cfg_now(*a.extract_overrides)))
-        if a.online_only:
-            stage_online(a.online_rounds, a.online_steps, a.online_mem_fraction)
-            RESULT["done"] = True
-            return
-        stage("train", Path(cfg.serve.draft_path) / "config.json", *a.train_overrides)
+        if a.online_train:
+            data = online_dataset(site, a.online_train)
+            stage_regenerate(*data)
+            stage("train", Path(cfg.serve.draft_path) / "config.json",
+                  *online_train_overrides(data, a.online_mem_fraction), *a.train_overrides)
+        else:
+            manifest = Path(cfg.extract.output_dir) / "manifest.json"
+            if not manifest.exists():  # a resumed worker keeps the disk figures the extraction ran with
+                fit = fit_samples(cfg_now(*a.extract_overrides))
+                stage_regenerate(*a.extract_overrides, fit)
+                stage("extract", manifest, *a.extract_overrides, fit)
+            if a.online_only:
+                stage_online(a.online_rounds, a.online_steps, a.online_mem_fraction)
+                RESULT["done"] = True
+                return
+            stage("train", Path(cfg.serve.draft_path) / "config.json", *a.train_overrides)
         try:
             if DEVICE == "cuda":  # on the CPU, speculation runs Triton's interpreter: minutes a token at 32 layers
                 stage("bench", Path(cfg.bench.output_dir) / "bench.png", *bench_overrides(), *a.bench_overrides)
@@ -452,7 +567,9 @@ def collect() -> None:
             shutil.copy(p, OUT / p.name)
     with tarfile.open(OUT / "logs.tar.gz.tmp", "w:gz") as tar:
         for p in [*(WORK / "logs").glob("*.log"), WORK / "worker.log", shards / "corpus.json", shards / "manifest.json",
-                  *(train / n for n in ("metrics.jsonl", "evals.jsonl", "report.json")), *bench.glob("server-*.log"),
+                  site_dir() / "site-manifest.json",
+                  *(train / n for n in ("metrics.jsonl", "evals.jsonl", "report.json", "capture-server.log")),
+                  *bench.glob("server-*.log"),
                   CONFIG]:
             if p.exists():
                 tar.add(p, arcname=p.name)
@@ -479,14 +596,19 @@ def main() -> None:
                     help="only the decode cost: the target's shape and Llama-3.1-8B's, random weights, side by side")
     ap.add_argument("--online-only", action="store_true",
                     help="issue 31: after extract, only trainer tokens/s online vs offline (no draft training, no bench)")
+    ap.add_argument("--online-train", type=int, default=None, metavar="N",
+                    help="issue 39: no extraction; the draft trains with train.data=online over the first N rows of "
+                         "the stdlib's and the installed packages' windows (built here), then the bench as usual")
     ap.add_argument("--online-rounds", type=int, default=3)
     ap.add_argument("--online-steps", type=int, default=60)
     ap.add_argument("--online-mem-fraction", type=float, default=0.45,
-                    help="the capture server's engine.mem_fraction_static beside the trainer")
+                    help="the capture server's engine.mem_fraction_static beside the trainer (--online-only, --online-train)")
     ap.add_argument("--smoke", action="store_true",
                     help="on the CPU, a tiny width and no bench (pass a CPU --config): the flow, not the figures")
     ap.add_argument("--work", type=Path, default=WORK)
     a = ap.parse_args()
+    if a.online_train is not None and (a.online_train < 1 or a.online_only or a.extract_overrides):
+        ap.error("--online-train N takes N >= 1, and neither --online-only nor --extract-override (it extracts nothing)")
     CONFIG = a.config.resolve()
     WORK = a.work
     if a.smoke:
