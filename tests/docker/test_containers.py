@@ -35,8 +35,17 @@ def cpu_image():
     return IMAGE
 
 
+def lane_container(image: str, **kwargs) -> DockerContainer:
+    """A container of ``image`` with the lane's torch threads (make test's ``OMP_NUM_THREADS``), which a container
+    does not inherit: without it torch in the container takes every core, and its OpenMP threads spin against
+    the other lane's work (docs/testing.md)."""
+    c = DockerContainer(image).with_kwargs(**kwargs)
+    threads = os.environ.get("OMP_NUM_THREADS")
+    return c.with_env("OMP_NUM_THREADS", threads) if threads else c
+
+
 def run_to_end(image, args, volumes, timeout=900) -> str:
-    c = DockerContainer(image).with_command(args).with_kwargs(network_mode="host")
+    c = lane_container(image, network_mode="host").with_command(args)
     for host, (cont, mode) in volumes.items():
         c = c.with_volume_mapping(str(host), cont, mode)
     c.start()
@@ -71,7 +80,7 @@ def loop_dirs(cpu_image, tiny_target, tmp_path_factory):
 def test_image_prints_usage_and_runs_as_a_user(cpu_image):
     logs = run_to_end(cpu_image, [], {})
     assert "usage: <extract|train|export|parity|serve|bench|check>" in logs
-    c = DockerContainer(cpu_image).with_kwargs(entrypoint=["id", "-u"])
+    c = lane_container(cpu_image, entrypoint=["id", "-u"])
     c.start()
     try:
         c.get_wrapped_container().wait(timeout=60)
@@ -100,7 +109,7 @@ sys.exit("failed: %r" % failed if failed else 0)
 def test_every_module_imports_from_the_installed_run_time_deps(cpu_image):
     """Every eaglebox (and eaglebox_dev) module imports in the image: its declared run-time deps and the
     `dev` extra were installed by the image build, nothing from the test tools."""
-    c = DockerContainer(cpu_image).with_kwargs(entrypoint=["python3", "-c", IMPORT_ALL], network_mode="host")
+    c = lane_container(cpu_image, entrypoint=["python3", "-c", IMPORT_ALL], network_mode="host")
     c.start()
     try:
         result = c.get_wrapped_container().wait(timeout=300)
@@ -110,8 +119,8 @@ def test_every_module_imports_from_the_installed_run_time_deps(cpu_image):
     assert result["StatusCode"] == 0, logs[-4000:]
     assert "imported" in logs and int(logs.split("imported ")[1].split()[0]) >= 40, logs[-2000:]
     # the test tools are an extra, not installed in the image
-    probe = DockerContainer(cpu_image).with_kwargs(
-        entrypoint=["python3", "-c", "import importlib.util as u; print([m for m in ('pytest', 'testcontainers') if u.find_spec(m)])"],
+    probe = lane_container(
+        cpu_image, entrypoint=["python3", "-c", "import importlib.util as u; print([m for m in ('pytest', 'testcontainers') if u.find_spec(m)])"],
         network_mode="host")
     probe.start()
     try:
@@ -157,10 +166,9 @@ def wait_health(url: str, container, timeout: float = 600) -> None:
 def serve_and_bench(image, volumes, draft: str, out: str) -> dict:
     """Serve ``draft`` with the target in one container, bench it from another; the bench report."""
     port = free_port()
-    server = DockerContainer(image).with_command(
+    server = lane_container(image, network_mode="host").with_command(
         ["serve", "--config", "/configs/tiny-cpu-served.yaml", *SERVED, f"serve.draft_path={draft}",
-         f"engine.port={port}"]
-    ).with_kwargs(network_mode="host")
+         f"engine.port={port}"])
     for host, (cont, mode) in volumes.items():
         server = server.with_volume_mapping(str(host), cont, mode)
     server.start()
@@ -182,8 +190,8 @@ def random_control(cpu_image, loop_dirs):
     """A draft of the trained one's shape and vocabulary with seeded initial weights (``eaglebox check``'s
     negative control), exported and served in containers as the trained one is."""
     data, volumes = loop_dirs
-    c = DockerContainer(cpu_image).with_kwargs(
-        entrypoint=["python3", "-c", RANDOM_DRAFT, "/configs/tiny-cpu.yaml", *LOOP_PATHS], network_mode="host")
+    c = lane_container(
+        cpu_image, entrypoint=["python3", "-c", RANDOM_DRAFT, "/configs/tiny-cpu.yaml", *LOOP_PATHS], network_mode="host")
     for host, (cont, mode) in volumes.items():
         c = c.with_volume_mapping(str(host), cont, mode)
     c.start()
