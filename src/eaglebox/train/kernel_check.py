@@ -19,12 +19,13 @@ import torch
 
 from eaglebox.train.ttt import note_attention, ttt_attention, ttt_steps
 
-ATTENTION_TOL = 0.05
+ATTENTION_TOL = 0.1
 """Largest per-row relative error of an attention output, or relative error of a q/k/v gradient, accepted
-from flex against the dense reference. bf16 rounding of two correct kernels differs by about 1e-2."""
-STEP_TOL = 0.1
+from flex against the dense reference. Two correct bf16 kernels differ by about 1e-2 (gradients, through the
+softmax's cancellations, by a few times that); a key the kernel drops or adds moves a row by O(1)."""
+STEP_TOL = 0.15
 """The same for the unroll's normed outputs and the weight gradients, compiled blocks against eager ones:
-errors compound over the steps."""
+rounding compounds over the steps."""
 CHECK_TOKENS = 128
 """Sequence length of the check: one flex block (a 128-token sparse block; the diagonal keys of later
 steps are in every row of it)."""
@@ -106,13 +107,13 @@ def check_kernels(model, steps: int, device: torch.device, seed: int = 0) -> dic
                   "attention_error": round(attention_error(model, model.step_weights(dtype), ids, h, steps), 5)}
         if result["attention_error"] > ATTENTION_TOL:
             model.attention = ttt_attention
-            result["attention"] = f"dense reference: the kernel was off it by more than {ATTENTION_TOL}"
+            result["attention"] = f"replaced by the dense reference (off it by more than {ATTENTION_TOL})"
             note_attention(device, kernel="eager", reason=result["attention"])
         result["steps_error"] = round(steps_error(model, dtype, ids, h, steps), 5)
         if result["steps_error"] > STEP_TOL:
             for name in ("qkv", "finish"):
                 model.__dict__.pop(name, None)  # compiled instance attributes: the class's eager methods return
-            result["steps"] = f"eager: the compiled blocks were off the eager ones by more than {STEP_TOL}"
+            result["steps"] = f"compiled blocks replaced by the eager ones (off them by more than {STEP_TOL})"
     note_attention(device, check=result)
     print(f"train: kernels on {device} against the eager references: attention off by {result['attention_error']}"
           f" (limit {ATTENTION_TOL}), steps by {result['steps_error']} (limit {STEP_TOL})"
