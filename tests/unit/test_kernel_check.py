@@ -11,6 +11,7 @@ from eaglebox.train.model import Eagle3Draft
 
 MLA = {"q_lora_rank": 32, "kv_lora_rank": 24, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12}
 CPU = torch.device("cpu")
+CHECK = kernel_check.CHECK_TOKENS
 
 
 def draft(arch: str) -> Eagle3Draft:
@@ -58,3 +59,15 @@ def test_a_step_block_without_its_mlp_goes_back_to_eager():
     r = kernel_check.check_kernels(m, 3, CPU)
     assert r["attention_error"] < 1e-5 and r["steps_error"] > kernel_check.STEP_TOL
     assert "finish" not in m.__dict__ and "replaced by the eager ones" in r["steps"]
+
+
+def test_compiled_blocks_pass_and_stay_compiled():
+    """The CUDA path's compiled step blocks (torch.compile runs on the CPU too; flex has no CPU backward, so
+    the dense attention) against the eager ones: equal within float32 rounding, so nothing is replaced."""
+    m = draft("llama")
+    m.compile_steps(2 * CHECK)
+    m.attention = ttt.ttt_attention
+    compiled = m.qkv
+    r = kernel_check.check_kernels(m, 3, CPU)
+    assert r["attention_error"] < 1e-4 and r["steps_error"] < 1e-4, r
+    assert m.qkv is compiled and "steps" not in r and "attention" not in r

@@ -173,12 +173,13 @@ class Eagle3Draft(nn.Module):
 
         Batches are padded to a multiple of :data:`PAD_MULTIPLE` tokens, so blocks and attention see
         at most ``max_length / PAD_MULTIPLE`` lengths, and each length gets kernels of its own
-        (``dynamic=False``; one cache entry per length, with room for twice that). Left to itself,
+        (``dynamic=False``; one cache entry per length, with room for twice that and for the one shape of
+        :mod:`eaglebox.train.kernel_check`). Left to itself,
         torch.compile turns the second length it meets dynamic, and dynamic kernels ran slower
         (docs/measurements.md, "Measurements behind the code"). The loss chunk keeps torch.compile's default: its
         row count changes from step to step, so it turns dynamic on its second call."""
         lengths = -(-max_length // PAD_MULTIPLE)
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * lengths)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 2 * lengths + 1)
         self.qkv = torch.compile(self.qkv, dynamic=False)
         self.finish = torch.compile(self.finish, dynamic=False)
         self.attention = flex_ttt_attention
