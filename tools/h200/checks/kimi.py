@@ -240,13 +240,17 @@ def finish_parity(proc: subprocess.Popen | None) -> None:
 
 
 def offline_al(form: str) -> None:
-    """The held-out AL the trainer measured offline (SGLang's draft class), beside the served one."""
+    """The held-out AL the trainer measured offline (SGLang's draft class), beside the served one, with the
+    best draft's acceptance per position and the training kernels' check (the first run's drafts failed after
+    their first draft token: docs/kimi-gpu.md)."""
     report = WORK / f"train-{form}" / "report.json"
     if report.exists():
         r = json.loads(report.read_text())
         RESULT.setdefault("offline", {})[form] = {
             k: (r.get(k) or {}).get("accept_length") for k in ("best", "last", "untrained")} | {
-            "exported_step": r.get("exported_step"), "steps": r.get("steps")}
+            "exported_step": r.get("exported_step"), "steps": r.get("steps"),
+            "best_per_position": (r.get("best") or {}).get("accept_rate_per_position"),
+            "attention": r.get("attention")}
         save()
 
 
