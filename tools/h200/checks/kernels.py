@@ -3,9 +3,16 @@
 The Kimi check's first GPU run (``benchmarks/results/kimi-h100-2026-12-07-s26/``) trained both draft forms
 to 0.36 accuracy at the second draft position while SGLang's draft class accepted 0.01 there; the served
 check's Llama-8B-width draft (head dim 128) accepted 0.5-0.6. The Kimi drafts' attention head dims are 112
-(Llama form) and 192/128 (MLA form), not powers of two. This runs ``eaglebox.train.kernel_check`` (what
-every CUDA ``eaglebox train`` now runs before its first step) on random drafts of the three shapes, with
-the training configs' ``max_length`` and TTT length, and prints each measurement; about a minute.
+(Llama form) and 192/128 (MLA form), not powers of two. Per shape, on a random draft:
+
+1. ``eaglebox.train.kernel_check`` (what every CUDA ``eaglebox train`` now runs before its first step):
+   the trainer's compiled blocks and flex attention against its eager references;
+2. the trainer's logits of each TTT step (its CUDA path, bf16 autocast, as it trains) against SGLang's
+   draft class on the GPU (what the trainer's held-out evaluation runs, through ``tools/h200``'s kernel
+   stand-ins as SGLang serves): the relative error per draft position. A mismatch at positions 2+ only,
+   with (1) clean, puts the fault on SGLang's side of the GPU path.
+
+About a minute; prints each measurement and writes ``kernels.json`` as it goes.
 
     bash tools/h200/run.sh kernels
 """
@@ -24,9 +31,12 @@ ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "src"))
 
 from eaglebox.config.schema import DraftConfig  # noqa: E402
+from eaglebox.draft.export import export_draft  # noqa: E402
 from eaglebox.draft.spec import draft_spec  # noqa: E402
-from eaglebox.train.kernel_check import check_kernels  # noqa: E402
+from eaglebox.train.checkpoint import trainable_state  # noqa: E402
+from eaglebox.train.kernel_check import check_kernels, tensor_error  # noqa: E402
 from eaglebox.train.model import Eagle3Draft  # noqa: E402
+from eaglebox.train.ttt import ttt_steps  # noqa: E402
 from eaglebox_dev.kimi_width import KIMI, target_config  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
@@ -53,6 +63,40 @@ def target_dir(name: str, config: dict | str) -> Path:
     return d
 
 
+def sglang_error(model, spec, name: str, device: torch.device, steps: int = 3, T: int = 256) -> list[float]:
+    """Per draft position, the relative error of SGLang's draft class (exported weights, on ``device``) against
+    the trainer's TTT logits, over three extend-then-chain drafts as the server runs them."""
+    from eaglebox.draft.sglang_class import SGLangDraft
+
+    with torch.no_grad():  # the whole vocabulary is the draft's: d2t all 0, t2d all true
+        model.d2t.zero_()
+        model.t2d.fill_(True)
+    d = export_draft(WORK / name.replace(" ", "-").replace(",", "") / "draft", spec, trainable_state(model),
+                     {"layer_ids": [1, 2, 3]}, torch.float32)
+    sg = SGLangDraft(d, device=device)
+    sg.set_embed(model.embed_tokens.weight)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, spec.vocab_size, (1, T), generator=g).to(device)
+    aux = torch.randn(1, T, 3 * spec.target_hidden_size, generator=g).to(device)
+    cuda = device.type == "cuda"
+    with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False, enabled=cuda):
+        w = model.step_weights(torch.bfloat16 if cuda else torch.float32)
+        h = model.project_aux(aux).to(w["o"].dtype)
+        want = [(x @ w["lm_head"].T)[0].float() for x in ttt_steps(model, w, ids, h, torch.ones_like(ids, dtype=torch.bool), steps)]
+    got = [[] for _ in range(steps)]
+    ref = [[] for _ in range(steps)]
+    for t in (8, T // 2, T - 1 - steps):
+        sg.reset()
+        logits, hid = sg.forward(ids[0, 1 : t + 2], aux[0, : t + 1], torch.arange(t + 1))
+        got[0].append(logits[-1].float())
+        ref[0].append(want[0][t])
+        for i in range(1, steps):
+            logits, hid = sg.forward(ids[0, t + 1 + i : t + 2 + i], hid[-1:], torch.tensor([t + i]))
+            got[i].append(logits[-1].float())
+            ref[i].append(want[i][t])
+    return [round(tensor_error(torch.stack(a), torch.stack(b)), 5) for a, b in zip(got, ref)]
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": {}}
@@ -65,6 +109,8 @@ def main() -> int:
         r = check_kernels(model, 5, torch.device("cuda"))
         results["cases"][name] = {"head_dim": spec.head_dim, "v_head_dim": getattr(spec, "v_head_dim", None),
                                   **r, "s": round(time.monotonic() - t0, 1)}
+        (OUT / "kernels.json").write_text(json.dumps(results, indent=1) + "\n")
+        results["cases"][name]["sglang_error_per_position"] = sglang_error(model, spec, name, torch.device("cuda"))
         print(json.dumps({name: results["cases"][name]}), flush=True)
         (OUT / "kernels.json").write_text(json.dumps(results, indent=1) + "\n")
         del model
