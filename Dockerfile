@@ -60,7 +60,8 @@ RUN --mount=type=bind,source=.cache/wheels,target=/wheels \
  && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels \
       --constraint /tmp/constraints.txt -r /tmp/eaglebox/requirements.txt \
  && rm -rf /tmp/requirements /tmp/eaglebox /tmp/constraints.txt
-ENV PATH=/opt/venv/bin:$PATH EAGLEBOX_VARIANT=cpu
+# torch.compile runs eager: SGLang compiles sampling code, not the forward (apply_scaling_penalties: ~25 s a container).
+ENV PATH=/opt/venv/bin:$PATH EAGLEBOX_VARIANT=cpu TORCHDYNAMO_DISABLE=1
 
 # --- eaglebox on top of either, with its declared run-time requirements, offline, against the frozen
 # list of what the runtime stage installed (pip --constraint): torch and SGLang are never replaced, and
