@@ -39,7 +39,8 @@ sys.exit(0 if v == '0.5.23' and 'sm_120' in a else 'the image must carry SGLang 
 # --- CPU runtime: SGLang's run-time list without CUDA-only packages, from local wheels (no network),
 # and the sgl_kernel stand-in.
 FROM ${CPU_BASE_IMAGE} AS runtime-cpu
-# g++ and Python.h: SGLang's CPU speculative path compiles kernels with torch inductor at run time.
+# g++ and Python.h: torch inductor, for SGLang's compiled CPU code where a user turns torch.compile back on
+# (TORCHDYNAMO_DISABLE=0; the image sets 1 below).
 # hadolint ignore=DL3008
 RUN if ! python3 -m venv --help >/dev/null 2>&1 || ! command -v g++ >/dev/null || [ ! -e "/usr/include/python3.11/Python.h" ]; then \
       apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-dev g++ \
