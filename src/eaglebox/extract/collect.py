@@ -49,7 +49,7 @@ def load_heldout(folder: Path, key: str, prompts: list[list[int]], spec: Capture
         log(f"check: {index} is unreadable ({err}): collecting the held-out samples again")
         return None
     if kept.get("key") != key:
-        log(f"check: {folder} holds held-out samples of another capture, prompts or length: collecting again")
+        log(f"check: {folder} holds held-out samples of another capture, prompts, length or concurrency: collecting again")
         return None
     try:
         aux = {}

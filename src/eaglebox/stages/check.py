@@ -3,8 +3,8 @@ exits non-zero with the numbers when it fails.
 
 One capture server does all the engine work (features for training, greedy continuations and
 their features for evaluation). The held-out samples are kept beside the shards (``heldout/``, keyed by
-the capture spec, the prompts' ids and ``bench.max_new_tokens``): a re-run whose capture is complete and
-whose key matches starts no server. The trained draft must reach ``bench.min_accept_length``; a draft
+the capture spec, the prompts' ids, ``bench.max_new_tokens`` and ``extract.concurrency``): a re-run whose
+capture is complete and whose key matches starts no server. The trained draft must reach ``bench.min_accept_length``; a draft
 with random weights and the same vocabulary is the negative control that shows the gate can fail.
 """
 
