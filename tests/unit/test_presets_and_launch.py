@@ -2,6 +2,7 @@
 against SGLang 0.5.23's own lists of valid backends."""
 
 import json
+import os
 
 import pytest
 
@@ -192,3 +193,24 @@ def test_servers_skip_sglangs_warm_up_only_where_the_caller_warms_them_up(tmp_pa
         assert launch_args(cfg, mode, warmup=False).count("--skip-server-warmup") == 1
     for warmup in (True, False):
         assert launch_args(cfg, "capture", [0, 1, 2], warmup=warmup).count("--skip-server-warmup") == 1
+
+
+def test_cpu_servers_run_torch_compiled_code_eagerly_unless_told_otherwise(tmp_path, monkeypatch):
+    """A CPU server gets TORCHDYNAMO_DISABLE=1: SGLang's torch.compile'd helpers (MoE routing in a DeepSeek
+    server's start, the repetition penalty at a first penalised answer) cost ~20 s of inductor per server, for
+    the same tokens and features (benchmarks/results/suite-speed-cpu-2026-12-08-host-dynamo.txt). Never on
+    CUDA; a setting in the user's environment or in engine.env is kept; the process that starts the server
+    (tests/unit/test_train_parts.py compiles in it) is left alone."""
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    model = fake_model(tmp_path, LLAMA_CONFIG)
+    cpu = load_config("configs/tiny-cpu.yaml", [f"model.path={model}"])
+    for mode, capture_dir in (("plain", None), ("capture", tmp_path)):
+        assert launch_env(cpu, mode, capture_dir)["TORCHDYNAMO_DISABLE"] == "1"
+    assert "TORCHDYNAMO_DISABLE" not in os.environ
+    gpu = load_config("configs/tiny-cpu.yaml", [f"model.path={model}", "engine.device=cuda"])
+    for mode, capture_dir in (("plain", None), ("capture", tmp_path)):
+        assert "TORCHDYNAMO_DISABLE" not in launch_env(gpu, mode, capture_dir)
+    told = load_config("configs/tiny-cpu.yaml", [f"model.path={model}", 'engine.env={"TORCHDYNAMO_DISABLE": "0"}'])
+    assert launch_env(told, "plain")["TORCHDYNAMO_DISABLE"] == "0"
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")
+    assert "TORCHDYNAMO_DISABLE" not in launch_env(cpu, "plain")  # the server inherits the user's 0

@@ -322,6 +322,10 @@ def launch_env(cfg: Config, mode: Mode, capture_dir: Path | None = None,
     env = dict(cfg.engine.env)
     if cfg.engine.device == "cpu":
         env["SGLANG_USE_CPU_ENGINE"] = "1"
+        # torch.compile'd SGLang helpers (MoE routing at a DeepSeek server's start, the repetition penalty at a first
+        # penalised answer) cost ~20 s of inductor per CPU server, same outputs eager: as the CPU image (issue 30).
+        if "TORCHDYNAMO_DISABLE" not in {**os.environ, **env}:
+            env["TORCHDYNAMO_DISABLE"] = "1"
         if attention_backend(cfg) == "triton":  # Triton's kernels run on CPU only through its interpreter
             env.setdefault("TRITON_INTERPRET", "1")
     if mode == "capture":
