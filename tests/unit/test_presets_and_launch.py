@@ -198,7 +198,7 @@ def test_servers_skip_sglangs_warm_up_only_where_the_caller_warms_them_up(tmp_pa
 def test_cpu_servers_run_torch_compiled_code_eagerly_unless_told_otherwise(tmp_path, monkeypatch):
     """A CPU server gets TORCHDYNAMO_DISABLE=1: SGLang's torch.compile'd helpers (MoE routing in a DeepSeek
     server's start, the repetition penalty at a first penalised answer) cost ~20 s of inductor per server, for
-    the same tokens and features (benchmarks/results/suite-speed-cpu-2026-12-08-host-dynamo.txt). Never on
+    the same tokens and features (benchmarks/results/suite-speed-cpu-2026-12-07-host-dynamo.txt). Never on
     CUDA; a setting in the user's environment or in engine.env is kept; the process that starts the server
     (tests/unit/test_train_parts.py compiles in it) is left alone."""
     monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
