@@ -59,6 +59,7 @@ def test_a_step_block_without_its_mlp_goes_back_to_eager():
     r = kernel_check.check_kernels(m, 3, CPU)
     assert r["attention_error"] < 1e-5 and r["steps_error"] > kernel_check.STEP_TOL
     assert "finish" not in m.__dict__ and "replaced by the eager ones" in r["steps"]
+    assert "gradient of midlayer.mlp.gate_proj.weight" in r["steps_worst"], r  # named where it sits
 
 
 def test_compiled_blocks_pass_and_stay_compiled():

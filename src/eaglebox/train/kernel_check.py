@@ -77,20 +77,23 @@ def attention_error(model, w: dict, ids: torch.Tensor, h: torch.Tensor, steps: i
     return worst
 
 
-def steps_error(model, dtype: torch.dtype, ids: torch.Tensor, h: torch.Tensor, steps: int) -> float:
-    """The model's kernels against the eager ones over the whole unroll: normed outputs and weight gradients."""
-    params = [p for p in model.parameters() if p.requires_grad]
+def steps_errors(model, dtype: torch.dtype, ids: torch.Tensor, h: torch.Tensor, steps: int) -> dict[str, float]:
+    """The model's kernels against the eager ones over the whole unroll, per tensor: each step's normed
+    output (row error) and each weight's gradient, keyed ``output of step i`` / ``gradient of NAME``."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     valid = torch.ones_like(ids, dtype=torch.bool)
     outs, grads = [], []
     for kernels in (model, eager(model)):
         normed = ttt_steps(kernels, model.step_weights(dtype), ids, h, valid, steps)
         cot = [torch.randn(x.shape, generator=torch.Generator().manual_seed(i)).to(x) for i, x in enumerate(normed)]
-        grads.append(torch.autograd.grad(sum((x * c).sum() for x, c in zip(normed, cot)), params, allow_unused=True))
+        grads.append(torch.autograd.grad(sum((x * c).sum() for x, c in zip(normed, cot)), [p for _, p in params],
+                                         allow_unused=True))
         outs.append([x.detach() for x in normed])
-    errors = [row_error(a, b) for a, b in zip(*outs)]
-    errors += [tensor_error(torch.zeros_like(p) if a is None else a, torch.zeros_like(p) if b is None else b)
-               for p, a, b in zip(params, *grads) if a is not None or b is not None]
-    return max(errors)
+    errors = {f"output of step {i}": row_error(a, b) for i, (a, b) in enumerate(zip(*outs))}
+    errors |= {f"gradient of {n}": tensor_error(torch.zeros_like(p) if a is None else a,
+                                                torch.zeros_like(p) if b is None else b)
+               for (n, p), a, b in zip(params, *grads) if a is not None or b is not None}
+    return errors
 
 
 def check_kernels(model, steps: int, device: torch.device, seed: int = 0) -> dict:
@@ -109,13 +112,16 @@ def check_kernels(model, steps: int, device: torch.device, seed: int = 0) -> dic
             model.attention = ttt_attention
             result["attention"] = f"replaced by the dense reference (off it by more than {ATTENTION_TOL})"
             note_attention(device, kernel="eager", reason=result["attention"])
-        result["steps_error"] = round(steps_error(model, dtype, ids, h, steps), 5)
+        errors = steps_errors(model, dtype, ids, h, steps)
+        result["steps_error"] = round(max(errors.values()), 5)
+        # the three worst tensors: where a disagreement sits (a forward block, or one weight's gradient)
+        result["steps_worst"] = {k: round(v, 5) for k, v in sorted(errors.items(), key=lambda kv: -kv[1])[:3]}
         if result["steps_error"] > STEP_TOL:
             for name in ("qkv", "finish"):
                 model.__dict__.pop(name, None)  # compiled instance attributes: the class's eager methods return
             result["steps"] = f"compiled blocks replaced by the eager ones (off them by more than {STEP_TOL})"
     note_attention(device, check=result)
     print(f"train: kernels on {device} against the eager references: attention off by {result['attention_error']}"
-          f" (limit {ATTENTION_TOL}), steps by {result['steps_error']} (limit {STEP_TOL})"
+          f" (limit {ATTENTION_TOL}), steps by {result['steps_error']} (limit {STEP_TOL}; worst {result['steps_worst']})"
           + "".join(f"; {k}: {result[k]}" for k in ("attention", "steps") if k in result), flush=True)
     return result
