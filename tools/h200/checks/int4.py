@@ -438,8 +438,8 @@ def work(a) -> None:
             for name in ("a", "b"):  # (c) offline on (a)'s features is (a): its mismatch exists only served
                 stage_offline(name, drafts[name], seed)
             if DEVICE == "cuda":
-                for name, draft in drafts.items():
-                    stage_bench(name, seed, draft)
+                for name in ("a", "c", "b"):  # (c) before (b): (b) has an offline AL, (c) shows only served
+                    stage_bench(name, seed, drafts[name])
         RESULT["done"] = True
     except Exception as err:
         RESULT.setdefault("errors", []).append(f"{type(err).__name__}: {err}")
