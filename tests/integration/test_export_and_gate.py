@@ -2,6 +2,7 @@
 the consistency gate passes with a trained draft and fails with random weights."""
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -176,6 +177,14 @@ def test_served_speculation_equals_greedy_and_agrees_with_offline_al(gate):
     logs = sorted((d / "served").glob("server-*.log"))
     assert [p.name for p in logs] == ["server-target.log", "server-trained-3_1_4.log"], logs
     assert not [p.name for p in logs if sglang_warmed_up(p.read_text())]
+    # the speculative server started beside the target, not after it was healthy (rounds.Bench.side_by_side)
+    target_log, spec_log = (p.read_text() for p in logs)
+    assert first_stamp(spec_log) <= first_stamp(target_log[target_log.index("The server is fired up"):])
+
+
+def first_stamp(log: str) -> str:
+    """The first ``[YYYY-MM-DD HH:MM:SS]`` of an SGLang log (sortable as text)."""
+    return re.search(r"\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\]", log).group(1)
 
 
 def sglang_warmed_up(log: str) -> bool:

@@ -55,19 +55,24 @@ def mla_drafts(mla_loop):
 def served_target(tiny_mla_target, tmp_path_factory):
     """The target alone as ``eaglebox bench`` starts it for ``SERVED`` (its model and engine flags, no draft,
     no warm-up of SGLang's own: each bench warms it up), started once for both forms' benches
-    (``bench.target_url``)."""
+    (``bench.target_url``). Launched, not waited for: the tests take it before ``mla_drafts``, so it starts
+    while the MLA form's check trains, and each test waits for its health (the url)."""
     from eaglebox.bench.rounds import server_cfg
     from eaglebox.config import load_config
     from eaglebox.engine.launch import server_for
 
     cfg = load_config(SERVED, [f"model.path={tiny_mla_target}"])
-    with server_for(server_cfg(cfg, free_port(), None), "plain",
-                    tmp_path_factory.mktemp("served-target") / "server.log", warmup=False) as srv:
-        yield srv.url
+    srv = server_for(server_cfg(cfg, free_port(), None), "plain",
+                     tmp_path_factory.mktemp("served-target") / "server.log", warmup=False)
+    try:
+        yield srv.launch()
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("form", list(FORMS))
-def test_served_mla_target_equals_greedy_and_agrees_with_offline_al(mla_drafts, served_target, form):
+def test_served_mla_target_equals_greedy_and_agrees_with_offline_al(served_target, mla_drafts, form):
+    served_target = served_target.wait().url  # healthy (at once, for the second form)
     d, drafts = mla_drafts
     draft, offline = drafts[form]
     arch = json.loads((draft / "config.json").read_text())["architectures"]

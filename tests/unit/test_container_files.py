@@ -71,6 +71,24 @@ def test_compose_bench_profiles_and_start_period(tmp_path):
     assert s["target"]["healthcheck"]["start_period"] in ("1h0m0s", "3600s", 3600000000000)
 
 
+def test_cpu_override_polls_health_every_2_s_and_keeps_the_rest_of_the_healthcheck(tmp_path):
+    """compose.cpu.yaml's target is healthy 2 s, not 10 s, after its server is (``up --wait`` and bench-served's
+    depends_on: ~5-7 s of the compose test, docs/testing.md); the check itself and its start_period are compose.yaml's."""
+    import yaml
+
+    env = tmp_path / ".env"
+    env.write_text(f"EAGLEBOX_MODELS={tmp_path}\nEAGLEBOX_DATA={tmp_path}\nEAGLEBOX_CONFIG=k.yaml\n"
+                   "EAGLEBOX_START_PERIOD=3600s\n")
+    checks = {}
+    for files in (["compose.yaml"], ["compose.yaml", "compose.cpu.yaml"]):
+        r = subprocess.run([compose_binary(), "--env-file", str(env), *[a for f in files for a in ("-f", f)], "config",
+                            "--format", "json"], cwd=ROOT / "compose", capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        checks[len(files)] = yaml.safe_load(r.stdout)["services"]["target"]["healthcheck"]
+    assert checks[1]["interval"] in ("10s", 10000000000) and checks[2]["interval"] in ("2s", 2000000000)
+    assert {k: v for k, v in checks[2].items() if k != "interval"} == {k: v for k, v in checks[1].items() if k != "interval"}
+
+
 def _names(lines) -> set[str]:
     import re
     return {re.match(r"[A-Za-z0-9_.\-]+", x).group(0).lower().replace("_", "-") for x in lines

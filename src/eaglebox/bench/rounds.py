@@ -144,11 +144,15 @@ class Bench:
                  + (f", AL {row['accept_length']:.3f}" if row.get("accept_length") else ""))
         self.save()
 
-    def batch(self, target_url: str, group: list[Variant]) -> None:
-        """Starts ``group``'s servers beside the running target, warms them up, runs the rounds."""
+    def batch(self, target_url: str, group: list[Variant], target: SGLangServer | None = None) -> None:
+        """Starts ``group``'s servers beside the target, warms them up, runs the rounds. ``target``: the
+        bench's own target server, launched and not yet healthy (the first batch): waited for once this
+        batch's servers are launched too, so that they start side by side."""
         b = self.cfg.bench
         with ExitStack() as stack:
             servers = {v.name: self.start(stack, v.name, v) for v in group}
+            if target is not None:
+                self.wait_target(target)
             for name, srv in servers.items():
                 srv.wait()
                 self.report["startup_s"][name] = round(srv.startup_s, 1)
@@ -205,14 +209,17 @@ class Bench:
             if b.target_url:
                 target_url = self.report["target_server"] = b.target_url.rstrip("/")
                 self.log(f"bench: the target alone at {target_url}")
-            else:
+                target = None
+            else:  # launched here, waited for in the first batch, beside whose servers it starts
                 target = self.start(stack, "target", None)
-                target.wait()
                 target_url = target.url
-                self.report["startup_s"]["target"] = round(target.startup_s, 1)
-                self.log(f"bench: target server healthy after {target.startup_s:.0f} s")
             for i in range(0, len(self.variants), per):
-                self.batch(target_url, self.variants[i:i + per])
+                self.batch(target_url, self.variants[i:i + per], target if i == 0 else None)
+
+    def wait_target(self, target: SGLangServer) -> None:
+        target.wait()
+        self.report["startup_s"]["target"] = round(target.startup_s, 1)
+        self.log(f"bench: target server healthy after {target.startup_s:.0f} s")
 
 
 def device_name(e: EngineConfig) -> str:
