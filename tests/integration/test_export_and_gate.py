@@ -177,7 +177,7 @@ def test_served_speculation_equals_greedy_and_agrees_with_offline_al(gate):
     logs = sorted((d / "served").glob("server-*.log"))
     assert [p.name for p in logs] == ["server-target.log", "server-trained-3_1_4.log"], logs
     assert not [p.name for p in logs if sglang_warmed_up(p.read_text())]
-    # the speculative server started beside the target, not after it was healthy (rounds.Bench.side_by_side)
+    # the speculative server started beside the target, not after it was healthy (rounds.Bench.batch)
     target_log, spec_log = (p.read_text() for p in logs)
     assert first_stamp(spec_log) <= first_stamp(target_log[target_log.index("The server is fired up"):])
 
