@@ -96,12 +96,23 @@ def steps_errors(model, dtype: torch.dtype, ids: torch.Tensor, h: torch.Tensor, 
     return errors
 
 
+def worst(errors: dict[str, float], n: int = 3) -> dict[str, float]:
+    """The ``n`` largest of :func:`steps_errors`, rounded: where a disagreement sits (a forward block, or
+    one weight's gradient)."""
+    return {k: round(v, 5) for k, v in sorted(errors.items(), key=lambda kv: -kv[1])[:n]}
+
+
+def check_inputs(model, device: torch.device, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The check's seeded random batch: token ids [1, CHECK_TOKENS] and step 0's ``h`` (float32) on ``device``."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.spec.vocab_size, (1, CHECK_TOKENS), generator=g).to(device)
+    return ids, torch.randn(1, CHECK_TOKENS, model.spec.hidden_size, generator=g).to(device)
+
+
 def check_kernels(model, steps: int, device: torch.device, seed: int = 0) -> dict:
     """Measure ``model``'s training kernels against the eager references on ``device`` (bf16 autocast on
     CUDA), replace the ones that disagree, note the result for the run report and return it."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, model.spec.vocab_size, (1, CHECK_TOKENS), generator=g).to(device)
-    h = torch.randn(1, CHECK_TOKENS, model.spec.hidden_size, generator=g).to(device)
+    ids, h = check_inputs(model, device, seed)
     cuda = device.type == "cuda"
     with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False, enabled=cuda):
         dtype = torch.bfloat16 if cuda else torch.float32
@@ -114,8 +125,7 @@ def check_kernels(model, steps: int, device: torch.device, seed: int = 0) -> dic
             note_attention(device, kernel="eager", reason=result["attention"])
         errors = steps_errors(model, dtype, ids, h, steps)
         result["steps_error"] = round(max(errors.values()), 5)
-        # the three worst tensors: where a disagreement sits (a forward block, or one weight's gradient)
-        result["steps_worst"] = {k: round(v, 5) for k, v in sorted(errors.items(), key=lambda kv: -kv[1])[:3]}
+        result["steps_worst"] = worst(errors)
         if result["steps_error"] > STEP_TOL:
             for name in ("qkv", "finish"):
                 model.__dict__.pop(name, None)  # compiled instance attributes: the class's eager methods return

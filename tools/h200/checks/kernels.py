@@ -34,7 +34,7 @@ from eaglebox.config.schema import DraftConfig  # noqa: E402
 from eaglebox.draft.export import export_draft  # noqa: E402
 from eaglebox.draft.spec import draft_spec  # noqa: E402
 from eaglebox.train.checkpoint import trainable_state  # noqa: E402
-from eaglebox.train.kernel_check import CHECK_TOKENS, check_kernels, steps_errors, tensor_error  # noqa: E402
+from eaglebox.train.kernel_check import check_inputs, check_kernels, steps_errors, tensor_error, worst  # noqa: E402
 from eaglebox.train.model import Eagle3Draft  # noqa: E402
 from eaglebox.train.ttt import ttt_steps  # noqa: E402
 from eaglebox_dev.kimi_width import KIMI, target_config  # noqa: E402
@@ -109,11 +109,7 @@ def main() -> int:
         # the compiled blocks before the check may replace them: against SGLang (bf16), and against eager in fp32
         # (a disagreement there is the compiler's, not bf16 rounding's)
         case["compiled_sglang_error_per_position"] = sglang_error(model, spec, name, torch.device("cuda"))
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, spec.vocab_size, (1, CHECK_TOKENS), generator=g).cuda()
-        h = torch.randn(1, CHECK_TOKENS, spec.hidden_size, generator=g).cuda()
-        fp32 = steps_errors(model, torch.float32, ids, h, 5)
-        case["compiled_fp32_steps_worst"] = {k: round(v, 5) for k, v in sorted(fp32.items(), key=lambda kv: -kv[1])[:3]}
+        case["compiled_fp32_steps_worst"] = worst(steps_errors(model, torch.float32, *check_inputs(model, torch.device("cuda")), 5))
         print(json.dumps({name: case}), flush=True)
         (OUT / "kernels.json").write_text(json.dumps(results, indent=1) + "\n")
         t0 = time.monotonic()
