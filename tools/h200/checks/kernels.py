@@ -109,7 +109,8 @@ def main() -> int:
         # the compiled blocks before the check may replace them: against SGLang (bf16), and against eager in fp32
         # (a disagreement there is the compiler's, not bf16 rounding's)
         case["compiled_sglang_error_per_position"] = sglang_error(model, spec, name, torch.device("cuda"))
-        case["compiled_fp32_steps_worst"] = worst(steps_errors(model, torch.float32, *check_inputs(model, torch.device("cuda")), 5))
+        ids, h = check_inputs(model, torch.device("cuda"))
+        case["compiled_fp32_steps_worst"] = worst(steps_errors(model, torch.float32, ids, h, 5))
         print(json.dumps({name: case}), flush=True)
         (OUT / "kernels.json").write_text(json.dumps(results, indent=1) + "\n")
         t0 = time.monotonic()
