@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -40,6 +41,31 @@ def trainable_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     Collective under FSDP2: every rank calls it, rank 0 gets the full tensors (others nothing)."""
     keep = trainable_names(model)
     return {k: v.contiguous() for k, v in get_model_state_dict(model, options=FULL).items() if k in keep}
+
+
+def run_bytes(model: torch.nn.Module, keep: int, present: int = 0) -> tuple[int, int]:
+    """Disk a run still needs for its checkpoints and its drafts, and one checkpoint's size: ``keep``
+    checkpoints plus the one being written, less the ``present`` ones already there, each the trainable
+    weights and AdamW's two moments as stored (fp32), plus two exported drafts (the held-out evaluation's
+    and the final one) in bf16. An estimate: a run that fills the disk at its last checkpoint loses its
+    draft, so ``eaglebox train`` checks it before the first step. Works on a ``meta`` model."""
+    numel = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad)
+    one = 3 * 4 * numel
+    return max(0, keep + 1 - present) * one + 2 * 2 * numel, one
+
+
+def check_room(ckpt_dir: Path, model: torch.nn.Module, keep: int) -> None:
+    """Refuse to start a run whose checkpoints and drafts (:func:`run_bytes`) do not fit the free disk."""
+    ckpt_dir = Path(ckpt_dir)
+    present = sum(1 for p in ckpt_dir.glob(f"{PREFIX}*") if p.is_dir()) if ckpt_dir.is_dir() else 0
+    need, one = run_bytes(model, keep, present)
+    probe = next(p for p in (ckpt_dir, *ckpt_dir.parents) if p.exists())
+    free = shutil.disk_usage(probe).free
+    if free < need:
+        raise EagleboxError(f"{ckpt_dir}: {free / 1e9:.1f} GB free, and this run needs ~{need / 1e9:.1f} GB for "
+                            f"its checkpoints (train.keep_checkpoints={keep}, plus the one being written, "
+                            f"{one / 1e9:.1f} GB each) and exported drafts. Free space there, lower "
+                            "train.keep_checkpoints, or point train.output_dir at another disk")
 
 
 def rng_state() -> dict:
@@ -74,11 +100,18 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, position: dict,
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     barrier()
-    torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
-    if rank == 0:
-        save_file(weights, tmp / "model.safetensors")
-        torch.save({"optimizer": optim, "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": step, "world": world, **position, **extra}, indent=1))
+    try:
+        torch.save(rng_state(), tmp / f"rng-rank{rank}.pt")
+        if rank == 0:
+            save_file(weights, tmp / "model.safetensors")
+            torch.save({"optimizer": optim, "scheduler": scheduler.state_dict()}, tmp / "optim.pt")
+            (tmp / "state.json").write_text(json.dumps({"step": step, "world": world, **position, **extra}, indent=1))
+    except (OSError, RuntimeError, SafetensorError) as err:  # e.g. a full disk (safetensors, torch.save)
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(ckpt_dir).free
+        raise EagleboxError(f"{final}: the checkpoint could not be written ({err}); {free / 1e9:.1f} GB free "
+                            f"there. The last complete checkpoint is kept: free space, then run the same "
+                            "command to resume") from err
     barrier()
     if rank == 0:
         tmp.rename(final)

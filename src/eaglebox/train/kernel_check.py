@@ -77,23 +77,32 @@ def attention_error(model, w: dict, ids: torch.Tensor, h: torch.Tensor, steps: i
     return worst
 
 
-def steps_errors(model, dtype: torch.dtype, ids: torch.Tensor, h: torch.Tensor, steps: int) -> dict[str, float]:
-    """The model's kernels against the eager ones over the whole unroll, per tensor: each step's normed
-    output (row error) and each weight's gradient, keyed ``output of step i`` / ``gradient of NAME``."""
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    valid = torch.ones_like(ids, dtype=torch.bool)
-    outs, grads = [], []
-    for kernels in (model, eager(model)):
-        normed = ttt_steps(kernels, model.step_weights(dtype), ids, h, valid, steps)
-        cot = [torch.randn(x.shape, generator=torch.Generator().manual_seed(i)).to(x) for i, x in enumerate(normed)]
-        grads.append(torch.autograd.grad(sum((x * c).sum() for x, c in zip(normed, cot)), [p for _, p in params],
-                                         allow_unused=True))
-        outs.append([x.detach() for x in normed])
-    errors = {f"output of step {i}": row_error(a, b) for i, (a, b) in enumerate(zip(*outs))}
-    errors |= {f"gradient of {n}": tensor_error(torch.zeros_like(p) if a is None else a,
-                                                torch.zeros_like(p) if b is None else b)
-               for (n, p), a, b in zip(params, *grads) if a is not None or b is not None}
+def unroll(kernels, model, dtype: torch.dtype, ids: torch.Tensor, h: torch.Tensor, steps: int):
+    """One TTT unroll through ``kernels`` on ``model``'s weights cast to ``dtype`` (under the caller's autocast),
+    and its backward from seeded cotangents: each step's normed output, and each trainable weight's gradient
+    (None where unused)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    normed = ttt_steps(kernels, model.step_weights(dtype), ids, h.to(dtype), torch.ones_like(ids, dtype=torch.bool),
+                       steps)
+    cot = [torch.randn(x.shape, generator=torch.Generator().manual_seed(i)).to(x) for i, x in enumerate(normed)]
+    grads = torch.autograd.grad(sum((x * c).sum() for x, c in zip(normed, cot)), params, allow_unused=True)
+    return [x.detach() for x in normed], grads
+
+
+def unroll_errors(model, got: tuple, want: tuple) -> dict[str, float]:
+    """Two :func:`unroll` results compared per tensor: each step's normed output (row error) and each weight's
+    gradient, keyed ``output of step i`` / ``gradient of NAME``."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    errors = {f"output of step {i}": row_error(a, b) for i, (a, b) in enumerate(zip(got[0], want[0]))}
+    errors |= {f"gradient of {n}": tensor_error(torch.zeros_like(b) if a is None else a,
+                                                torch.zeros_like(a) if b is None else b)
+               for n, a, b in zip(names, got[1], want[1]) if a is not None or b is not None}
     return errors
+
+
+def steps_errors(model, dtype: torch.dtype, ids: torch.Tensor, h: torch.Tensor, steps: int) -> dict[str, float]:
+    """The model's kernels against the eager ones over the whole unroll, per tensor (:func:`unroll_errors`)."""
+    return unroll_errors(model, unroll(model, model, dtype, ids, h, steps), unroll(eager(model), model, dtype, ids, h, steps))
 
 
 def worst(errors: dict[str, float], n: int = 3) -> dict[str, float]:

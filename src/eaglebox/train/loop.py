@@ -85,6 +85,8 @@ def run_train(cfg, expected: CaptureSpec, log=print, reader=None) -> Path:
     per_epoch, total = plan_steps(len(train_ids), d.world, t)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, total, t.min_lr_ratio))
     ckpt_dir = out / "checkpoints"
+    if d.rank == 0:
+        checkpoint.check_room(ckpt_dir, model, t.keep_checkpoints)
     step = 0
     resume = checkpoint.latest(ckpt_dir)
     order = data_order(reader, t)

@@ -24,6 +24,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
@@ -34,9 +35,17 @@ from eaglebox.config.schema import DraftConfig  # noqa: E402
 from eaglebox.draft.export import export_draft  # noqa: E402
 from eaglebox.draft.spec import draft_spec  # noqa: E402
 from eaglebox.train.checkpoint import trainable_state  # noqa: E402
-from eaglebox.train.kernel_check import check_inputs, check_kernels, steps_errors, tensor_error, worst  # noqa: E402
+from eaglebox.train.kernel_check import (  # noqa: E402
+    check_inputs,
+    check_kernels,
+    eager,
+    tensor_error,
+    unroll,
+    unroll_errors,
+    worst,
+)
 from eaglebox.train.model import Eagle3Draft  # noqa: E402
-from eaglebox.train.ttt import ttt_steps  # noqa: E402
+from eaglebox.train.ttt import ttt_attention, ttt_steps  # noqa: E402
 from eaglebox_dev.kimi_width import KIMI, target_config  # noqa: E402
 
 OUT = Path(os.environ.get("OUT", "/tmp/out"))
@@ -97,10 +106,37 @@ def sglang_error(model, spec, name: str, device: torch.device, steps: int = 3, T
     return [round(tensor_error(torch.stack(a), torch.stack(b)), 5) for a, b in zip(got, ref)]
 
 
+def bf16_against_fp32(model, ids: torch.Tensor, h: torch.Tensor, steps: int = 5) -> dict:
+    """Where the check's bf16 disagreement sits (2026-12-08, H100: compiled blocks + flex against eager, both
+    bf16, off by 1.39 on the q/k projections' gradients alone, and equal in fp32; on the CPU eager bf16 is
+    within 0.9 % of fp32 there, and inductor's CPU blocks within 0.8 % of eager): each unroll against the
+    eager fp32 one, and the compiled blocks with the dense attention against eager, both bf16."""
+    ref = eager(model)
+    blocks_dense = SimpleNamespace(token_proj=model.token_proj, qkv=model.qkv, finish=model.finish,
+                                   attention=ttt_attention)
+    fp32 = unroll(ref, model, torch.float32, ids, h, steps)
+    runs = {"compiled_fp32_steps_worst": (model, torch.float32, fp32),  # name: kernels, dtype, reference
+            "eager_bf16_vs_fp32_worst": (ref, torch.bfloat16, fp32),
+            "compiled_bf16_vs_fp32_worst": (model, torch.bfloat16, fp32),
+            "compiled_blocks_dense_attention_bf16_vs_eager_bf16_worst": (blocks_dense, torch.bfloat16, None)}
+    out = {}
+    for name, (kernels, dtype, want) in runs.items():
+        try:
+            with torch.autocast("cuda", dtype=torch.bfloat16, cache_enabled=False, enabled=dtype == torch.bfloat16):
+                got = unroll(kernels, model, dtype, ids, h, steps)
+                want = want or unroll(ref, model, dtype, ids, h, steps)
+            out[name] = worst(unroll_errors(model, got, want))
+        except Exception as err:  # flex in fp32 at head dim 192 needs more shared memory than an H100 has (s28)
+            out[name] = f"{type(err).__name__}: {str(err)[:300]}"
+    return out
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     results = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "cases": {}}
     for name, (config, draft) in CASES.items():
+        if sys.argv[1:] and name not in sys.argv[1:]:
+            continue
         spec = draft_spec(target_dir(name, config), DraftConfig(draft_vocab_size=VOCAB, **draft), num_aux=3)
         torch.manual_seed(0)
         model = Eagle3Draft(spec).cuda()
@@ -110,7 +146,7 @@ def main() -> int:
         # (a disagreement there is the compiler's, not bf16 rounding's)
         case["compiled_sglang_error_per_position"] = sglang_error(model, spec, name, torch.device("cuda"))
         ids, h = check_inputs(model, torch.device("cuda"))
-        case["compiled_fp32_steps_worst"] = worst(steps_errors(model, torch.float32, ids, h, 5))
+        case.update(bf16_against_fp32(model, ids, h))
         print(json.dumps({name: case}), flush=True)
         (OUT / "kernels.json").write_text(json.dumps(results, indent=1) + "\n")
         t0 = time.monotonic()

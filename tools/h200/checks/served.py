@@ -301,14 +301,25 @@ def eaglebox(verb: str, *overrides: str, log_name: str | None = None) -> int:
     return rc
 
 
-def fit_samples(cfg, tokens_a_sample: int = 560, keep_free: float = 0.15) -> str:
+def fit_samples(cfg, tokens_a_sample: int = 560, keep_free: float = 0.05) -> str:
     """``extract.max_samples``, lowered to what the device's free disk holds (features of 4 x hidden bf16
-    a token; ~150 prompt + the regenerated answer's tokens a sample), keeping ``keep_free`` of it free."""
+    a token; ~150 prompt + the regenerated answer's tokens a sample) once the trainer's checkpoints and drafts
+    (``checkpoint.run_bytes``) have their room, keeping ``keep_free`` of it free. Without that room the
+    trainer died writing its last checkpoint on the H100 (2026-12-08: 2,000 samples left ~7 GB)."""
+    from eaglebox.draft.spec import draft_spec
+    from eaglebox.train.checkpoint import run_bytes
+    from eaglebox.train.model import Eagle3Draft
+
     free = shutil.disk_usage(Path(cfg.extract.output_dir).parent).free
-    fits = int(free * (1 - keep_free) / (tokens_a_sample * (4 * WIDE["hidden_size"] * 2 + 9)))
+    with torch.device("meta"):
+        draft = Eagle3Draft(draft_spec(cfg.model.path, cfg.train.draft, num_aux=3))
+    room, _ = run_bytes(draft, cfg.train.keep_checkpoints)
+    fits = max(0, int((free * (1 - keep_free) - room) / (tokens_a_sample * (4 * WIDE["hidden_size"] * 2 + 9))))
     n = min(cfg.extract.max_samples, fits)
-    RESULT["disk"] = {"free_gb": round(free / 1e9, 1), "samples_fit": fits, "max_samples": n}
-    log(f"extract: {free / 1e9:.1f} GB free: {fits} samples fit, extracting {n}")
+    RESULT["disk"] = {"free_gb": round(free / 1e9, 1), "train_room_gb": round(room / 1e9, 1), "samples_fit": fits,
+                      "max_samples": n}
+    log(f"extract: {free / 1e9:.1f} GB free, {room / 1e9:.1f} GB of it for training: {fits} samples fit, "
+        f"extracting {n}")
     return f"extract.max_samples={n}"
 
 
