@@ -64,6 +64,8 @@ check: venv tiny
 # so they run side by side, each
 # logged to .cache/setup-PHASE.log (its tail printed if it fails); then the suite, with its 40 slowest
 # phases (set-up, call, teardown; the CPU image's build is the set-up of the first docker test).
+# Then what the cores did during pytest, all processes counted (docker/cpu-share.py: `time` misses each
+# server's detokenizer, which init reaps, and the containers: benchmarks/cpu_accounting.py).
 SETUP_PHASES := venv wheels docker-base gpu-wheels
 # Two lanes (pytest-xdist): groups of tests that share an expensive fixture stay on one worker, heaviest
 # first (tests/conftest.py). LANES= runs the suite in one process.
@@ -83,7 +85,9 @@ test:
 	  for phase in tiny docker-engine; do s=$$(date +%s); $(MAKE) --no-print-directory $$phase || exit 1; \
 	    echo "make test: set-up phase $$phase took $$(( $$(date +%s) - s )) s"; done; \
 	  echo "make test: set-up took $$(( $$(date +%s) - start )) s in all"
-	OMP_NUM_THREADS=$(LANE_THREADS) $(BIN)/python -m pytest -v --durations=40 --durations-min=1 $(LANES) $(ARGS)
+	@$(PYTHON) docker/cpu-share.py start .cache/pytest-cpu-start
+	OMP_NUM_THREADS=$(LANE_THREADS) $(BIN)/python -m pytest -v --durations=40 --durations-min=1 $(LANES) $(ARGS); \
+	  rc=$$?; $(PYTHON) docker/cpu-share.py report .cache/pytest-cpu-start; exit $$rc
 
 test-fast: venv
 	$(BIN)/python -m pytest -v -m "not sglang and not docker and not closure" $(ARGS)
