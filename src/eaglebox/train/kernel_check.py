@@ -9,6 +9,9 @@ nobody serves, without an error. So each CUDA run measures its own kernels once:
 random batch through the compiled kernels and through the eager ones (same weights, same bf16 autocast as a
 training step), forward and gradients. Attention that disagrees is replaced by the dense reference; step
 blocks that disagree go back to eager. The errors are in the run report either way (``attention``).
+On an H100 the compiled blocks fail it at every shape, on the bf16 gradients of the q/k projections alone
+(their forward equals SGLang's class, and eager in fp32), so CUDA runs train on the eager blocks
+(``benchmarks/results/kernels-h100-2026-12-08-s28/``).
 """
 
 from __future__ import annotations
