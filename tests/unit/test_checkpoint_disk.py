@@ -45,7 +45,9 @@ def test_a_run_whose_checkpoints_do_not_fit_the_free_disk_is_refused_naming_the_
     msg = str(err.value)
     assert str(ckpt) in msg and f"train.keep_checkpoints={keep}" in msg and f"{one / 1e9:.1f} GB each" in msg, msg
     assert not ckpt.exists()
-    checkpoint.check_room(ckpt, Eagle3Draft(spec(64, 128, 64)), keep=2)  # a small draft fits
+    small = Eagle3Draft(spec(64, 128, 64))  # a small draft fits
+    need, free = checkpoint.check_room(ckpt, small, keep=2)
+    assert need == checkpoint.run_bytes(small, 2)[0] and free >= need
 
 
 WRITE = textwrap.dedent("""

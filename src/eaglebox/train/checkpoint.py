@@ -54,8 +54,9 @@ def run_bytes(model: torch.nn.Module, keep: int, present: int = 0) -> tuple[int,
     return max(0, keep + 1 - present) * one + 2 * 2 * numel, one
 
 
-def check_room(ckpt_dir: Path, model: torch.nn.Module, keep: int) -> None:
-    """Refuse to start a run whose checkpoints and drafts (:func:`run_bytes`) do not fit the free disk."""
+def check_room(ckpt_dir: Path, model: torch.nn.Module, keep: int) -> tuple[int, int]:
+    """Refuse to start a run whose checkpoints and drafts (:func:`run_bytes`) do not fit the free disk;
+    return the bytes it needs and the bytes free."""
     ckpt_dir = Path(ckpt_dir)
     present = sum(1 for p in ckpt_dir.glob(f"{PREFIX}*") if p.is_dir()) if ckpt_dir.is_dir() else 0
     need, one = run_bytes(model, keep, present)
@@ -66,6 +67,7 @@ def check_room(ckpt_dir: Path, model: torch.nn.Module, keep: int) -> None:
                             f"its checkpoints (train.keep_checkpoints={keep}, plus the one being written, "
                             f"{one / 1e9:.1f} GB each) and exported drafts. Free space there, lower "
                             "train.keep_checkpoints, or point train.output_dir at another disk")
+    return need, free
 
 
 def rng_state() -> dict:

@@ -86,7 +86,8 @@ def run_train(cfg, expected: CaptureSpec, log=print, reader=None) -> Path:
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, total, t.min_lr_ratio))
     ckpt_dir = out / "checkpoints"
     if d.rank == 0:
-        checkpoint.check_room(ckpt_dir, model, t.keep_checkpoints)
+        need, free = checkpoint.check_room(ckpt_dir, model, t.keep_checkpoints)
+        log(f"train: checkpoints and drafts need ~{need / 1e9:.2f} GB, {free / 1e9:.1f} GB free at {ckpt_dir}")
     step = 0
     resume = checkpoint.latest(ckpt_dir)
     order = data_order(reader, t)
