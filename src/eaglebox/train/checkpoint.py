@@ -49,7 +49,7 @@ def run_bytes(model: torch.nn.Module, keep: int, present: int = 0) -> tuple[int,
     weights and AdamW's two moments as stored (fp32), plus two exported drafts (the held-out evaluation's
     and the final one) in bf16. An estimate: a run that fills the disk at its last checkpoint loses its
     draft, so ``eaglebox train`` checks it before the first step. Works on a ``meta`` model."""
-    numel = sum(p.numel() for n, p in model.named_parameters() if p.requires_grad)
+    numel = sum(p.numel() for p in model.parameters() if p.requires_grad)
     one = 3 * 4 * numel
     return max(0, keep + 1 - present) * one + 2 * 2 * numel, one
 
@@ -58,8 +58,7 @@ def check_room(ckpt_dir: Path, model: torch.nn.Module, keep: int) -> tuple[int, 
     """Refuse to start a run whose checkpoints and drafts (:func:`run_bytes`) do not fit the free disk;
     return the bytes it needs and the bytes free."""
     ckpt_dir = Path(ckpt_dir)
-    present = sum(1 for p in ckpt_dir.glob(f"{PREFIX}*") if p.is_dir()) if ckpt_dir.is_dir() else 0
-    need, one = run_bytes(model, keep, present)
+    need, one = run_bytes(model, keep, len(complete(ckpt_dir)))
     probe = next(p for p in (ckpt_dir, *ckpt_dir.parents) if p.exists())
     free = shutil.disk_usage(probe).free
     if free < need:
@@ -84,8 +83,13 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
+def complete(ckpt_dir: Path) -> list[Path]:
+    """The complete checkpoints in ``ckpt_dir``, oldest first (a temporary one's name is hidden)."""
+    return sorted(p for p in Path(ckpt_dir).glob(f"{PREFIX}*") if p.is_dir())
+
+
 def latest(ckpt_dir: Path) -> Path | None:
-    found = sorted(p for p in Path(ckpt_dir).glob(f"{PREFIX}*") if p.is_dir())
+    found = complete(ckpt_dir)
     return found[-1] if found else None
 
 
@@ -117,7 +121,7 @@ def save(ckpt_dir: Path, step: int, model, optimizer, scheduler, position: dict,
     barrier()
     if rank == 0:
         tmp.rename(final)
-        for old in sorted(p for p in ckpt_dir.glob(f"{PREFIX}*") if p.is_dir())[:-keep]:
+        for old in complete(ckpt_dir)[:-keep]:
             shutil.rmtree(old)
     barrier()
     return final
